@@ -1,0 +1,240 @@
+"""Train the demo model family that hf_speculators ships: a tokenizer, a Llama-style target and a distilled draft.
+
+The family is trained from scratch on real text (Tiny Shakespeare, GSM8K train, the Python standard library's
+own source), because no pretrained weights can be downloaded where this project is built.
+
+Stages (all run by default, each reads what the previous one wrote under ``--out``):
+
+1. ``tokenizer``: one byte-level BPE tokenizer (Hugging Face ``tokenizers``) shared by target and draft.
+2. ``target``: a Llama-style causal LM trained with next-token cross-entropy.
+3. ``draft``: a much smaller Llama distilled from the target with the forward KL divergence to the target's
+   next-token distribution on the same corpus (DistillSpec, Zhou et al. 2023), so that it agrees with it.
+
+Each model is saved as ``float16`` safetensors (to keep the shipped weights small) with a model card holding
+its held-out loss and the command that retrains it. Training uses bfloat16 autocast on the CPU.
+
+Usage::
+
+    python examples/train_demo_family.py --data ../shared/data --out hf_speculators/demo \\
+        --target-minutes 50 --draft-minutes 18
+
+``--target-steps`` / ``--draft-steps`` replace the time budget with a fixed number of steps (to reproduce a
+run exactly, pass the step counts its model cards record).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import ByteLevelBPETokenizer
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"
+SEQ_LEN = 512
+BATCH = 8
+HELD_OUT_EVERY = 50  # every 50th document is held out for evaluation
+MAX_PYTHON_BYTES = 10_000_000  # keep English about half of the corpus
+
+TARGET_SHAPE = dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024, num_attention_heads=6)
+DRAFT_SHAPE = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=768, num_attention_heads=4)
+
+
+def load_documents(data_dir: Path) -> list[str]:
+    """Returns the corpus as documents: Shakespeare in 40-line scenes, GSM8K items, stdlib modules."""
+    lines = (data_dir / "tinyshakespeare_input.txt").read_text().splitlines(keepends=True)
+    docs = ["".join(lines[i : i + 40]) for i in range(0, len(lines), 40)]
+    with open(data_dir / "gsm8k_train.jsonl") as f:
+        docs += [f"Question: {row['question']}\nAnswer: {row['answer']}\n" for row in map(json.loads, f)]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not ({"test", "tests", "site-packages"} & set(p.parts)))
+    random.Random(0).shuffle(files)
+    python_bytes = 0
+    for path in files:
+        text = path.read_text(errors="ignore")
+        if python_bytes + len(text) > MAX_PYTHON_BYTES:
+            continue
+        docs.append(text)
+        python_bytes += len(text)
+    return docs
+
+
+def train_tokenizer(docs: list[str], out: Path, vocab_size: int) -> PreTrainedTokenizerFast:
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(docs, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOS, eos_token=EOS, pad_token=EOS)
+    for name in ("target", "draft"):
+        tokenizer.save_pretrained(out / name)
+    return tokenizer
+
+
+def encode_splits(docs: list[str], tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes the documents into one train and one held-out token stream, each document ended by EOS."""
+    ids = tokenizer(docs)["input_ids"]
+    eos = tokenizer.eos_token_id
+    train, held_out = [], []
+    for i, doc in enumerate(ids):
+        (held_out if i % HELD_OUT_EVERY == 0 else train).extend(doc + [eos])
+    return np.array(train, dtype=np.int32), np.array(held_out, dtype=np.int32)
+
+
+def batches(stream: np.ndarray, generator: np.random.Generator):
+    while True:
+        starts = generator.integers(0, len(stream) - SEQ_LEN - 1, BATCH)
+        yield torch.from_numpy(np.stack([stream[s : s + SEQ_LEN] for s in starts]).astype(np.int64))
+
+
+def learning_rate(step: int, total: int, peak: float, warmup: int = 200) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: float, label: str) -> int:
+    """Runs AdamW with warmup and cosine decay; the step count is fixed after 20 steps from the time budget."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    data = batches(stream, np.random.default_rng(0))
+    total, start, step = steps or 10**9, time.time(), 0
+    model.train()
+    while step < total:
+        if steps is None and step == 20:
+            total = int(minutes * 60 / ((time.time() - start) / 20))
+            print(f"[{label}] {total} steps fit in {minutes} minutes", flush=True)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, total, peak_lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(next(data))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 100 == 0:
+            print(f"[{label}] step {step}/{total} loss {loss.item():.3f} {time.time() - start:.0f}s", flush=True)
+        step += 1
+    model.eval()
+    return total
+
+
+@torch.no_grad()
+def evaluate(target, draft, stream: np.ndarray, windows: int = 64) -> dict:
+    """Held-out cross-entropy (nats per token, fp32) of each model and the draft's top-1 agreement with the target."""
+    data = batches(stream, np.random.default_rng(1))
+    sums = {"target_loss": 0.0, "draft_loss": 0.0, "top1_agreement": 0.0}
+    for _ in range(windows // BATCH):
+        ids = next(data)
+        target_logits = target(ids).logits[:, :-1]
+        sums["target_loss"] += F.cross_entropy(target_logits.flatten(0, 1), ids[:, 1:].flatten()).item()
+        if draft is not None:
+            draft_logits = draft(ids).logits[:, :-1]
+            sums["draft_loss"] += F.cross_entropy(draft_logits.flatten(0, 1), ids[:, 1:].flatten()).item()
+            sums["top1_agreement"] += (draft_logits.argmax(-1) == target_logits.argmax(-1)).float().mean().item()
+    return {key: round(value / (windows // BATCH), 4) for key, value in sums.items()}
+
+
+def build_model(shape: dict, tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id, **shape,
+    )
+    return LlamaForCausalLM(config)
+
+
+def save(model, out: Path) -> None:
+    """Saves float16 weights (as shipped) and reloads them in float32, so evaluation sees the shipped model."""
+    model.to(torch.float16).save_pretrained(out)
+    model.to(torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    config["dtype"] = "float32"  # loads in float32 by default: float16 matmuls are slow on CPUs
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def model_card(role: str, model, steps: int, stats: dict, command: str) -> str:
+    params = sum(p.numel() for p in model.parameters())
+    c = model.config
+    return f"""---
+license: apache-2.0
+library_name: transformers
+pipeline_tag: text-generation
+tags: [hf_speculators, speculative-decoding, demo]
+---
+# hf_speculators demo {role}
+
+The {role} model of the hf_speculators demo family: a Llama-style causal LM trained from scratch on one CPU
+machine, shipped so that speculative decoding can be demonstrated and benchmarked without downloads.
+It writes Shakespeare-like verse, GSM8K-style arithmetic and Python; it is not a useful assistant.
+
+- Size: {params / 1e6:.2f}M parameters; {c.num_hidden_layers} layers, hidden size {c.hidden_size},
+  intermediate size {c.intermediate_size}, {c.num_attention_heads} heads, vocabulary {c.vocab_size} (tied embeddings).
+- Tokenizer: byte-level BPE trained on the same corpus, shared by target and draft.
+- Data: Tiny Shakespeare (karpathy/char-rnn), GSM8K train (openai/grade-school-math), and about
+  {MAX_PYTHON_BYTES // 1_000_000} MB of the Python {'.'.join(map(str, __import__('sys').version_info[:2]))} standard library's source (tests excluded).
+  Every {HELD_OUT_EVERY}th document is held out.
+- Recipe: {'next-token cross-entropy' if role == 'target' else 'forward KL to the target next-token distribution (DistillSpec)'},
+  AdamW (betas 0.9/0.95, weight decay 0.1), warmup 200 steps then cosine decay to 10%, {steps} steps of
+  {BATCH} x {SEQ_LEN} tokens, bfloat16 autocast on CPU. Weights stored in float16, loaded in float32.
+- Held-out evaluation (float32, nats per token): {json.dumps(stats)}
+
+Retrain with:
+
+```
+{command}
+```
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--out", type=Path, default=Path("hf_speculators/demo"))
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--target-minutes", type=float, default=50)
+    parser.add_argument("--draft-minutes", type=float, default=18)
+    parser.add_argument("--target-steps", type=int)
+    parser.add_argument("--draft-steps", type=int)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    command = "python examples/train_demo_family.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "threads")
+
+    docs = load_documents(args.data)
+    tokenizer = train_tokenizer(docs, args.out, args.vocab_size)
+    train_stream, held_out = encode_splits(docs, tokenizer)
+    print(f"{len(docs)} documents, {len(train_stream)} train / {len(held_out)} held-out tokens", flush=True)
+
+    target = build_model(TARGET_SHAPE, tokenizer)
+    target_loss = lambda ids: target(ids, labels=ids).loss  # noqa: E731
+    target_steps = train(target, target_loss, train_stream, args.target_minutes, args.target_steps, 2e-3, "target")
+    save(target, args.out / "target")
+    target_stats = {"target_loss": evaluate(target, None, held_out)["target_loss"]}
+    (args.out / "target" / "README.md").write_text(model_card("target", target, target_steps, target_stats, command))
+    print("target", target_stats, flush=True)
+
+    draft = build_model(DRAFT_SHAPE, tokenizer)
+    target.requires_grad_(False)
+
+    def distill_loss(ids):
+        with torch.no_grad():
+            target_log_probs = F.log_softmax(target(ids).logits.float(), dim=-1)
+        draft_log_probs = F.log_softmax(draft(ids).logits.float(), dim=-1)
+        return F.kl_div(draft_log_probs, target_log_probs, log_target=True, reduction="none").sum(-1).mean()
+
+    draft_steps = train(draft, distill_loss, train_stream, args.draft_minutes, args.draft_steps, 3e-3, "draft")
+    save(draft, args.out / "draft")
+    stats = evaluate(target, draft, held_out)
+    (args.out / "draft" / "README.md").write_text(model_card("draft", draft, draft_steps, stats, command))
+    print("draft", stats, flush=True)
+
+
+if __name__ == "__main__":
+    main()

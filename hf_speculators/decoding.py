@@ -1,0 +1,275 @@
+"""The speculative decoding loop: `generate` (a transformers `custom_generate` callable) and `enable(model)`."""
+
+import functools
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .cache import prepare_cache, rollback, truncate
+from .drafters import Drafter
+from .metrics import SpeculativeStats
+from .sampling import process_logits
+from .types import Draft
+from .verifiers import Verifier, resolve_verifier
+
+# model_kwargs that transformers prepares for a decoding method; the loop sets its own forward arguments
+HANDLED_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "past_key_values", "logits_to_keep"}
+
+
+@dataclass
+class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' `GenerateDecoderOnlyOutput` with the speculative figures of the call added.
+
+    Attributes:
+        speculative_stats (`SpeculativeStats`): acceptance figures, timings and whether the output is lossless.
+    """
+
+    speculative_stats: SpeculativeStats | None = None
+
+
+def _check_inputs(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, drafter, model_kwargs) -> None:
+    """Raises `ValueError` for every input the loop does not serve, before any forward runs."""
+    if not isinstance(drafter, Drafter):
+        raise ValueError(
+            "Speculative generate needs candidate_generator= set to a drafter, e.g. "
+            "hf_speculators.PromptLookupDrafter() or hf_speculators.DraftModelDrafter(draft_model); "
+            f"got {type(drafter).__name__}."
+        )
+    if model.config.is_encoder_decoder:
+        raise ValueError("Speculative generate supports decoder-only models; this model is an encoder-decoder.")
+    if generation_config.num_beams > 1:
+        raise ValueError(f"Beam search (num_beams={generation_config.num_beams}) is not supported: set num_beams=1.")
+    if generation_config.num_return_sequences > 1:
+        raise ValueError(
+            f"num_return_sequences={generation_config.num_return_sequences} is not supported: set it to 1 and call "
+            "generate once per sample (batching is planned)."
+        )
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"Batch size {input_ids.shape[0]} is not supported yet: speculative generate runs one sequence at a "
+            "time (batching is planned). Call generate once per prompt."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("The attention mask has padding; a single sequence needs none. Pass the prompt unpadded.")
+    unknown = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_KWARGS and v is not None)
+    if unknown:
+        raise ValueError(f"Speculative generate does not support these model inputs: {unknown}.")
+
+
+class _SpeculativeDecoding:
+    """The state of one speculative generate call: models, cache, processors, stats and optional outputs."""
+
+    def __init__(self, model, drafter: Drafter, verifier: Verifier, cache, generation_config, logits_processor,
+                 stopping_criteria, generator, streamer):
+        self.model, self.drafter, self.verifier, self.cache = model, drafter, verifier, cache
+        self.generation_config, self.generator, self.streamer = generation_config, generator, streamer
+        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
+        self.scores = [] if generation_config.output_scores else None
+        self.raw_logits = [] if generation_config.output_logits else None
+        self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def _clock(self) -> float:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _forward(self, input_ids: torch.LongTensor, num_logits: int) -> torch.FloatTensor:
+        """Runs the target over `input_ids` `(1, n)` after the cache; returns the last `num_logits` rows of logits."""
+        start = self.cache.get_seq_length()
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        extra = {"logits_to_keep": num_logits} if self.takes_logits_to_keep else {}
+        logits = self.model(
+            input_ids=input_ids, past_key_values=self.cache, position_ids=positions, use_cache=True, **extra
+        ).logits
+        return logits[0, -num_logits:]
+
+    def prefill(self, input_ids: torch.LongTensor) -> None:
+        """Puts all prompt tokens but the last into the cache; the last one is pending for the first step."""
+        start = self._clock()
+        truncate(self.cache, input_ids.shape[1] - 1)
+        if input_ids.shape[1] - 1 > self.cache.get_seq_length():
+            self._forward(input_ids[:, self.cache.get_seq_length() : -1], num_logits=1)
+            self.stats.num_target_forwards += 1
+        self.stats.verify_time += self._clock() - start
+
+    def step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, bool]:
+        """One speculative step: draft, one target forward, verify, roll back, commit. Returns (ids, finished)."""
+        # 1. draft, no longer than the length budget leaves room for (the next token takes one place)
+        start = self._clock()
+        budget = min(self.drafter.num_draft_tokens, self.generation_config.max_length - input_ids.shape[1] - 1)
+        draft = self.drafter.propose(input_ids, budget) if budget > 0 else Draft.empty(input_ids.device)
+        if not draft.is_chain:
+            raise NotImplementedError("Token trees are not supported yet: the drafter must return a chain.")
+        verify_start = self._clock()
+        self.stats.draft_time += verify_start - start
+        # 2. one target forward over the pending tokens and every draft token
+        pending = input_ids[:, self.cache.get_seq_length() :]
+        step_ids = torch.cat([pending, draft.token_ids[None].to(input_ids.device)], dim=-1)
+        logits = self._forward(step_ids, num_logits=draft.num_nodes + 1)  # [k + 1, vocab]
+        # 3. logits processors per position, as plain generate applies them token by token
+        scores = process_logits(self.logits_processor, input_ids, draft.token_ids, logits)
+        # 4. verification keeps a prefix of the draft and picks the next (bonus or recovered) token
+        verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
+        # 5. drop the rejected draft tokens from the target cache
+        rollback(self.cache, draft.num_nodes - verdict.num_accepted)
+        # 6. commit token by token so that EOS, max length and stop strings cut exactly where plain generate would
+        new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
+        input_ids, committed, finished = self._commit(input_ids, new_tokens, scores, logits)
+        self.stats.verify_time += self._clock() - verify_start
+        self.stats.record(draft.num_nodes, verdict.num_accepted, committed)
+        return input_ids, finished
+
+    def _commit(self, input_ids, new_tokens, scores, logits) -> tuple[torch.LongTensor, int, bool]:
+        finished = False
+        for i, token in enumerate(new_tokens):
+            input_ids = torch.cat([input_ids, token.view(1, 1)], dim=-1)
+            if self.scores is not None:
+                self.scores.append(scores[i : i + 1])
+            if self.raw_logits is not None:
+                self.raw_logits.append(logits[i : i + 1].float())
+            if self.stopping_criteria(input_ids, scores[i : i + 1]).any():
+                finished = True
+                break
+        if self.streamer is not None:
+            self.streamer.put(new_tokens[: i + 1].cpu())
+        return input_ids, i + 1, finished
+
+    def output(self, input_ids: torch.LongTensor) -> SpeculativeGenerateOutput:
+        truncate(self.cache, input_ids.shape[1] - 1)  # as after plain generate: every token but the last
+        return SpeculativeGenerateOutput(
+            sequences=input_ids,
+            scores=None if self.scores is None else tuple(self.scores),
+            logits=None if self.raw_logits is None else tuple(self.raw_logits),
+            past_key_values=self.cache,
+            speculative_stats=self.stats,
+        )
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    """A generator seeded from torch's global RNG, so that `torch.manual_seed(s)` makes a call reproducible."""
+    return torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+
+
+@torch.no_grad()
+def generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    synced_gpus: bool = False,
+    candidate_generator: Drafter | None = None,
+    verifier: str | Verifier | None = None,
+    generator: torch.Generator | None = None,
+    speculative_streamer=None,
+    target_tokenizer=None,
+    **model_kwargs,
+) -> torch.LongTensor | SpeculativeGenerateOutput:
+    """Speculative decoding with the `custom_generate` signature of transformers' `generate`.
+
+    Use it as `model.generate(**inputs, custom_generate=hf_speculators.generate, candidate_generator=drafter)`,
+    or call `hf_speculators.enable(model)` once and pass `candidate_generator=` to `model.generate` directly
+    (which also carries `streamer=`, `tokenizer=` and `stop_strings=`). Each step the drafter proposes draft
+    tokens, the target scores all of them in one forward, the verifier keeps a prefix plus one bonus or
+    recovered token, and the rejected tokens are dropped from the target's KV cache (speculative decoding,
+    Leviathan et al. 2023; speculative sampling, Chen et al. 2023).
+
+    Args:
+        model (`PreTrainedModel`): the target, a decoder-only causal LM (transformers passes it).
+        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the prompt.
+        logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
+        synced_gpus (`bool`): accepted for the signature; multi-GPU synchronisation is not supported.
+        candidate_generator (`Drafter`): the drafter, e.g. `PromptLookupDrafter()` or `DraftModelDrafter(draft)`.
+        verifier (`str` or `Verifier`, *optional*): `"exact"`, `"rejection"` or a `Verifier`; by default exact
+            for greedy decoding and rejection sampling when `do_sample=True`.
+        generator (`torch.Generator`, *optional*): the only source of randomness; by default one seeded from
+            torch's global RNG.
+        speculative_streamer (`BaseStreamer`, *optional*): receives the prompt, then every committed token once.
+            transformers does not pass `streamer=` to custom_generate callables; `enable(model)` maps it here.
+        target_tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for the drafter's
+            vocabulary check; `enable(model)` maps `tokenizer=` here.
+
+    Returns:
+        `torch.LongTensor` of shape `(1, sequence_length + new_tokens)`, or with `return_dict_in_generate=True`
+        a `SpeculativeGenerateOutput` whose `speculative_stats` holds the acceptance figures.
+
+    Raises:
+        `ValueError`: before any forward, for a missing drafter, batch size > 1, beam search,
+            `num_return_sequences > 1`, an empty or padded prompt, a static cache, an unknown verifier, a
+            verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
+    """
+    generation_config = generation_config or model.generation_config
+    logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+    stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    _check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
+    verifier = resolve_verifier(verifier, generation_config.do_sample)
+    cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
+    generator = generator if generator is not None else _default_generator(input_ids.device)
+    candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer)
+    run = _SpeculativeDecoding(model, candidate_generator, verifier, cache, generation_config, logits_processor,
+                               stopping_criteria, generator, speculative_streamer)
+    if speculative_streamer is not None:
+        speculative_streamer.put(input_ids.cpu())
+    run.prefill(input_ids)
+    finished = False
+    while not finished:
+        input_ids, finished = run.step(input_ids)
+    if speculative_streamer is not None:
+        speculative_streamer.end()
+    output = run.output(input_ids)
+    return output if generation_config.return_dict_in_generate else output.sequences
+
+
+def enable(model):
+    """Lets `model.generate` take `candidate_generator=` (and `verifier=`, `generator=`) directly.
+
+    Only this model instance changes: its `generate` becomes a wrapper that, when a drafter is given, calls the
+    original with `custom_generate=hf_speculators.generate` and carries what transformers drops for custom
+    callables: `streamer=` (streamed token by token as usual), `tokenizer=` and `stop_strings=` (turned into a
+    `StopStringCriteria`). Without a drafter it is plain `generate`. Calling `enable` twice is harmless.
+
+    Args:
+        model (`PreTrainedModel`): a decoder-only causal LM.
+
+    Returns:
+        The same `model`, for chaining.
+
+    Raises:
+        `ValueError` (from the wrapper): `stop_strings=` without `tokenizer=`; `verifier=` or `generator=` without
+            `candidate_generator=`.
+    """
+    if getattr(model.generate, "_hf_speculators_enabled", False):
+        return model
+    plain_generate = model.generate
+
+    @functools.wraps(plain_generate)
+    def generate_with_speculation(*args, candidate_generator=None, verifier=None, generator=None, streamer=None,
+                                  tokenizer=None, stopping_criteria=None, **kwargs):
+        if candidate_generator is None:
+            if verifier is not None or generator is not None:
+                raise ValueError("verifier= and generator= need candidate_generator= (a drafter) to take effect.")
+            return plain_generate(*args, streamer=streamer, tokenizer=tokenizer, stopping_criteria=stopping_criteria,
+                                  **kwargs)
+        criteria = StoppingCriteriaList(stopping_criteria or [])
+        stop_strings = kwargs.pop("stop_strings", None)
+        if stop_strings:
+            if tokenizer is None:
+                raise ValueError("stop_strings= needs tokenizer= to find the strings in the generated tokens.")
+            criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+        return plain_generate(
+            *args, custom_generate=generate, candidate_generator=candidate_generator, verifier=verifier,
+            generator=generator, speculative_streamer=streamer, target_tokenizer=tokenizer,
+            stopping_criteria=criteria, **kwargs,
+        )
+
+    generate_with_speculation._hf_speculators_enabled = True
+    model.generate = generate_with_speculation
+    return model

@@ -1,0 +1,12 @@
+"""Drafters and their registry, keyed by the names the CLI's `--method` takes."""
+
+from .base import Drafter
+from .draft_model import DraftModelDrafter
+from .prompt_lookup import PromptLookupDrafter
+
+DRAFTERS: dict[str, type[Drafter]] = {
+    PromptLookupDrafter.name: PromptLookupDrafter,
+    DraftModelDrafter.name: DraftModelDrafter,
+}
+
+__all__ = ["DRAFTERS", "DraftModelDrafter", "Drafter", "PromptLookupDrafter"]

@@ -1,0 +1,70 @@
+"""The drafter interface, also usable as a transformers `CandidateGenerator`."""
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from ..types import Draft
+
+
+class Drafter(CandidateGenerator):
+    """Proposes draft tokens from the committed tokens.
+
+    The speculative loop calls `prepare(...)` once at the start of each generate call, then `propose(input_ids,
+    max_tokens)` once per step. A drafter that keeps state (a draft model's KV cache) reconciles it with the
+    committed tokens on each call, so it needs no notice of what the verifier accepted.
+
+    As a `CandidateGenerator`, `get_candidates(input_ids)` returns `(candidate_ids, candidate_logits)` with
+    `candidate_ids` of shape `(1, sequence_length + k)` and `candidate_logits` of shape `(1, k, vocab_size)`
+    (log-probabilities) or `None` for a deterministic drafter.
+
+    Args:
+        num_draft_tokens (`int`): draft tokens proposed per step (k), at least 1.
+
+    Raises:
+        `ValueError`: if `num_draft_tokens` is not an integer >= 1.
+    """
+
+    name: str = ""
+
+    def __init__(self, num_draft_tokens: int):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
+        self.num_draft_tokens = num_draft_tokens
+        self.do_sample = False
+        self.logits_processor = LogitsProcessorList()
+        self.generator: torch.Generator | None = None
+
+    def prepare(
+        self,
+        target,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+        generator: torch.Generator | None,
+        tokenizer=None,
+    ) -> None:
+        """Starts a generate call: checks that this drafter fits `target` and resets per-call state.
+
+        Args:
+            target (`PreTrainedModel`): the target model.
+            generation_config (`GenerationConfig`): the call's config; `do_sample` decides greedy or sampled drafts.
+            logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to draft logits too.
+            generator (`torch.Generator`, *optional*): the only source of randomness for sampled drafts.
+            tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for vocabulary checks.
+        """
+        self.do_sample = bool(generation_config.do_sample)
+        self.logits_processor = logits_processor
+        self.generator = generator
+
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        """Returns a draft of at most `max_tokens` nodes continuing `input_ids` of shape `(1, sequence_length)`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement propose(input_ids, max_tokens)")
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        draft = self.propose(input_ids, self.num_draft_tokens)
+        candidate_ids = torch.cat([input_ids, draft.token_ids[None].to(input_ids.device)], dim=-1)
+        candidate_logits = None if draft.draft_probs is None else draft.draft_probs.log()[None]
+        return candidate_ids, candidate_logits
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_draft_tokens={self.num_draft_tokens})"

@@ -1,0 +1,128 @@
+"""Drafting with a smaller causal LM of the same vocabulary, keeping its KV cache across steps."""
+
+import torch
+from transformers import DynamicCache
+
+from ..cache import truncate
+from ..sampling import process_logits, sample
+from ..types import Draft
+from .base import Drafter
+
+
+def vocabulary_size(model) -> int:
+    """The width of `model`'s logits (its output embedding rows), which may exceed the tokenizer's length."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def check_same_vocabulary(target, draft_model, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raises `ValueError` unless the draft model can propose tokens in the target's vocabulary.
+
+    Logits widths may differ only by padding rows (as in Qwen2.5 0.5B and 7B), and only when both tokenizers
+    are given and equal, so that the extra rows are known to be unused.
+    """
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+            raise ValueError(
+                "The draft model's tokenizer differs from the target's: draft tokens would mean other text. "
+                "Use a draft model of the same family that shares the target's tokenizer."
+            )
+        if len(target_tokenizer) <= min(vocabulary_size(target), vocabulary_size(draft_model)):
+            return
+    if vocabulary_size(target) != vocabulary_size(draft_model):
+        raise ValueError(
+            f"The draft model has a vocabulary of {vocabulary_size(draft_model)} tokens and the target of "
+            f"{vocabulary_size(target)}: it was built for another vocabulary. Use a draft model that shares the "
+            "target's tokenizer; if the sizes differ only by padding, pass both tokenizers "
+            "(DraftModelDrafter(..., draft_tokenizer=...) and tokenizer= to generate) so they can be compared."
+        )
+
+
+def common_prefix_length(a: torch.LongTensor, b: torch.LongTensor) -> int:
+    """Number of leading positions where 1D tensors `a` and `b` agree."""
+    n = min(len(a), len(b))
+    mismatches = (a[:n] != b[:n]).nonzero()
+    return int(mismatches[0]) if len(mismatches) else n
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with a smaller causal LM that shares the target's tokenizer (Leviathan et al. 2023; Chen et al. 2023).
+
+    The draft model keeps its own `DynamicCache` across steps: each call rolls it back to the longest prefix it
+    shares with the committed tokens and feeds only the tokens it has not seen, then drafts `max_tokens` tokens
+    one forward each. There is no re-prefill and no nested `generate()` per step.
+
+    Draft scores go through the same logits processors and warpers as the target's, so with sampling the
+    returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
+    lossless; with greedy decoding the draft is the argmax and `draft_probs` is `None`.
+
+    Args:
+        draft_model (`PreTrainedModel`): a causal LM with the target's vocabulary, on the target's device.
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (transformers: `num_assistant_tokens`).
+        draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): the draft's tokenizer; with the target's
+            tokenizer passed to generate it allows logits widths that differ only by padding.
+
+    Raises:
+        `ValueError`: at construction for `num_draft_tokens < 1`; at the start of generation if the draft model
+            was built for another vocabulary.
+    """
+
+    name = "draft-model"
+
+    def __init__(self, draft_model, num_draft_tokens: int = 5, draft_tokenizer=None):
+        super().__init__(num_draft_tokens)
+        self.draft_model = draft_model
+        self.draft_tokenizer = draft_tokenizer
+        self.vocab_size = vocabulary_size(draft_model)
+        self._reset_cache()
+
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
+        check_same_vocabulary(target, self.draft_model, tokenizer, self.draft_tokenizer)
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+        self.vocab_size = vocabulary_size(target)
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        self._cache = DynamicCache(config=self.draft_model.config)
+        self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
+
+    def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
+        """Gives `logits` `(n, draft_vocab)` the target's width: extra rows dropped, missing ones at -inf."""
+        missing = self.vocab_size - logits.shape[-1]
+        if missing <= 0:
+            return logits[..., : self.vocab_size]
+        return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        device = self.draft_model.device
+        committed = input_ids[0].to(device)
+        # 1. roll the draft cache back to what it shares with the committed tokens; feed the rest
+        reused = min(common_prefix_length(self._cached_ids.to(device), committed), len(committed) - 1)
+        truncate(self._cache, reused)
+        new_ids, prefix = committed[reused:], input_ids
+        tokens, probs = [], []
+        # 2. draft one token per forward
+        for _ in range(max_tokens):
+            position = self._cache.get_seq_length()
+            positions = torch.arange(position, position + len(new_ids), device=device)[None]
+            logits = self.draft_model(
+                input_ids=new_ids[None], past_key_values=self._cache, position_ids=positions, use_cache=True,
+                logits_to_keep=1,
+            ).logits[0, -1:]
+            logits = self._fit_vocabulary(logits).to(input_ids.device)
+            scores = process_logits(self.logits_processor, prefix, prefix[0, :0], logits)
+            if self.do_sample:
+                probs.append(torch.softmax(scores[0], dim=-1))
+                token = sample(probs[-1], self.generator)
+            else:
+                token = scores[0].argmax()
+            tokens.append(token)
+            new_ids = token[None].to(device)
+            prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
+        # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
+        self._cached_ids = prefix[0, : self._cache.get_seq_length()]
+        draft_probs = torch.stack(probs) if probs else None
+        return Draft.chain(torch.stack(tokens) if tokens else input_ids.new_empty(0), draft_probs)
+
+    def __repr__(self) -> str:
+        return f"DraftModelDrafter({type(self.draft_model).__name__}, num_draft_tokens={self.num_draft_tokens})"

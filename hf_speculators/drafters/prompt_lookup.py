@@ -1,0 +1,92 @@
+"""Prompt-lookup drafting: continue the text the way it continued after an earlier occurrence of its suffix."""
+
+import torch
+
+from ..types import Draft
+from .base import Drafter
+
+MATCH_RULES = ("latest", "earliest")
+
+
+class PromptLookupDrafter(Drafter):
+    """Drafts by n-gram matching over the prompt and the generated text (prompt lookup decoding, Saxena 2023).
+
+    Match rule: the longest suffix n-gram (from `max_ngram_size` down to `min_ngram_size` tokens) that occurred
+    before wins; among its earlier occurrences, `prefer="latest"` (the default) takes the most recent one and
+    `prefer="earliest"` the first one from the left, which is what transformers' prompt lookup does. The draft
+    is the tokens that followed that occurrence, at most `max_tokens` of them, cut after the first EOS token.
+
+    The n-gram index maps every n-gram to the positions that followed it and is updated incrementally with the
+    tokens committed since the last step, so a step costs O(max_ngram_size) lookups, not a rescan of the text.
+    The draft is deterministic (`draft_probs=None`).
+
+    Args:
+        num_draft_tokens (`int`, defaults to 8): draft tokens per step (transformers: `prompt_lookup_num_tokens`).
+        max_ngram_size (`int`, defaults to 3): longest suffix n-gram tried.
+        min_ngram_size (`int`, defaults to 1): shortest suffix n-gram tried.
+        prefer (`str`, defaults to `"latest"`): which earlier occurrence to continue, `"latest"` or `"earliest"`.
+
+    Raises:
+        `ValueError`: for sizes below 1, `min_ngram_size > max_ngram_size`, or an unknown `prefer`.
+    """
+
+    name = "prompt-lookup"
+
+    def __init__(self, num_draft_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1, prefer: str = "latest"):
+        super().__init__(num_draft_tokens)
+        if not 1 <= min_ngram_size <= max_ngram_size:
+            raise ValueError(
+                f"Need 1 <= min_ngram_size <= max_ngram_size, got min_ngram_size={min_ngram_size}, "
+                f"max_ngram_size={max_ngram_size}."
+            )
+        if prefer not in MATCH_RULES:
+            raise ValueError(f"prefer must be one of {MATCH_RULES}, got {prefer!r}.")
+        self.max_ngram_size = max_ngram_size
+        self.min_ngram_size = min_ngram_size
+        self.prefer = prefer
+        self.eos_token_ids: set[int] = set()
+        self._reset_index()
+
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+        eos = generation_config.eos_token_id
+        self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        self._reset_index()
+
+    def _reset_index(self) -> None:
+        self._tokens: list[int] = []
+        self._followers: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after its occurrences
+
+    def _update_index(self, input_ids: torch.LongTensor) -> None:
+        known = len(self._tokens)
+        if input_ids.shape[-1] < known or (known and int(input_ids[0, known - 1]) != self._tokens[-1]):
+            self._reset_index()  # another sequence than the one indexed: start over
+            known = 0
+        self._tokens.extend(input_ids[0, known:].tolist())
+        for position in range(max(known, 1), len(self._tokens)):
+            for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):
+                self._followers.setdefault(tuple(self._tokens[position - size : position]), []).append(position)
+
+    def _continuation(self, max_tokens: int) -> list[int]:
+        tokens = self._tokens
+        for size in range(min(self.max_ngram_size, len(tokens)), self.min_ngram_size - 1, -1):
+            positions = self._followers.get(tuple(tokens[-size:]))
+            if positions:
+                start = positions[-1] if self.prefer == "latest" else positions[0]
+                return tokens[start : start + max_tokens]
+        return []
+
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        self._update_index(input_ids)
+        continuation = self._continuation(max_tokens)
+        for i, token in enumerate(continuation):
+            if token in self.eos_token_ids:
+                continuation = continuation[: i + 1]
+                break
+        return Draft.chain(torch.tensor(continuation, dtype=torch.long, device=input_ids.device))
+
+    def __repr__(self) -> str:
+        return (
+            f"PromptLookupDrafter(num_draft_tokens={self.num_draft_tokens}, max_ngram_size={self.max_ngram_size}, "
+            f"min_ngram_size={self.min_ngram_size}, prefer={self.prefer!r})"
+        )

@@ -1,0 +1,78 @@
+"""Acceptance figures and timings of one speculative generate call."""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpeculativeStats:
+    """What speculative decoding did in one generate call.
+
+    Attributes:
+        num_target_forwards (`int`): target forwards, the prefill included.
+        num_steps (`int`): verification steps (one target forward each).
+        num_drafts (`int`): steps whose draft had at least one token.
+        num_draft_tokens (`int`): draft tokens proposed, over all steps.
+        num_accepted_tokens (`int`): draft tokens accepted, over all steps.
+        num_generated_tokens (`int`): tokens added to the sequence (accepted, bonus and recovered tokens).
+        drafted_per_position (`list[int]`): entry i counts drafts with a token at position i.
+        accepted_per_position (`list[int]`): entry i counts drafts whose token at position i was accepted.
+        draft_time (`float`): seconds spent drafting.
+        verify_time (`float`): seconds spent in target forwards (prefill included) and verification.
+        lossless (`bool`): whether the verification preserves the target's output (greedy: token for token;
+            sampling: in distribution).
+        verifier (`str`): the verifier's name.
+        drafter (`str`): the drafter's description.
+    """
+
+    num_target_forwards: int = 0
+    num_steps: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_generated_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    lossless: bool = True
+    verifier: str = ""
+    drafter: str = ""
+
+    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int) -> None:
+        """Adds one verification step that proposed `num_draft_tokens` and accepted `num_accepted` of them."""
+        self.num_steps += 1
+        self.num_target_forwards += 1
+        self.num_drafts += num_draft_tokens > 0
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        self.num_generated_tokens += num_generated
+        missing = num_draft_tokens - len(self.drafted_per_position)
+        self.drafted_per_position += [0] * missing
+        self.accepted_per_position += [0] * missing
+        for i in range(num_draft_tokens):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += i < num_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over proposed draft tokens (0.0 when nothing was proposed)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens gained per draft, bonus token included: `1 + accepted / drafts` (vLLM's convention)."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Entry i: how often the draft token at position i was accepted when one was proposed there."""
+        return [a / d for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def to_dict(self) -> dict:
+        """All fields and derived figures, JSON-serialisable."""
+        return {
+            **asdict(self),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate_per_position": self.acceptance_rate_per_position,
+        }

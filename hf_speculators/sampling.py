@@ -1,0 +1,75 @@
+"""Per-position logits processing, target/draft probabilities and the residual distribution."""
+
+import torch
+from transformers import LogitsProcessorList
+
+
+def process_logits(
+    logits_processor: LogitsProcessorList | None,
+    input_ids: torch.LongTensor,
+    draft_token_ids: torch.LongTensor,
+    logits: torch.FloatTensor,
+) -> torch.FloatTensor:
+    """Applies the logits processors at every position of a chain, as plain `generate` would one token at a time.
+
+    Position i is processed with the committed tokens followed by the first i draft tokens as its prefix, so
+    processors that read the sequence (repetition penalty, no-repeat n-gram, min_new_tokens) see what they
+    would see in plain decoding. Logits are cast to float32 first, as transformers does.
+
+    Args:
+        logits_processor (`LogitsProcessorList`, *optional*): processors and warpers of the generate call.
+        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the committed tokens.
+        draft_token_ids (`torch.LongTensor` of shape `(num_positions - 1,)`, or longer): tokens after the prefix;
+            only the first `num_positions - 1` are read.
+        logits (`torch.FloatTensor` of shape `(num_positions, vocab_size)`): raw logits, position i predicting
+            the token after `draft_token_ids[:i]`.
+
+    Returns:
+        `torch.FloatTensor` of shape `(num_positions, vocab_size)`: the processed scores, in float32.
+    """
+    scores = logits.float()
+    if not logits_processor:
+        return scores
+    rows = []
+    for i in range(scores.shape[0]):
+        prefix = torch.cat([input_ids, draft_token_ids[None, :i].to(input_ids.device)], dim=-1)
+        rows.append(logits_processor(prefix, scores[i : i + 1].clone()))
+    return torch.cat(rows, dim=0)
+
+
+def probabilities(scores: torch.FloatTensor, do_sample: bool) -> torch.FloatTensor:
+    """The next-token distribution `(..., vocab_size)` of processed scores: softmax when sampling, else one-hot argmax.
+
+    Greedy decoding is sampling from the one-hot distribution of the argmax, so a lossless verifier given these
+    probabilities reproduces greedy output exactly.
+    """
+    if do_sample:
+        return torch.softmax(scores, dim=-1)
+    return torch.zeros_like(scores).scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
+
+
+def residual_distribution(target_probs: torch.FloatTensor, draft_probs: torch.FloatTensor) -> torch.FloatTensor:
+    """`norm(max(0, p - q))`, the distribution of the recovered token after a rejection (Leviathan et al. 2023).
+
+    Args:
+        target_probs (`torch.FloatTensor` of shape `(vocab_size,)`): p, the target's distribution.
+        draft_probs (`torch.FloatTensor` of shape `(vocab_size,)`): q, the distribution the draft token came from.
+
+    Returns:
+        `torch.FloatTensor` of shape `(vocab_size,)`. Where p <= q everywhere (a rejection then has probability
+        0 and only rounding got here), p itself.
+    """
+    residual = (target_probs - draft_probs).clamp_min(0)
+    total = residual.sum()
+    return residual / total if total > 0 else target_probs
+
+
+def sample(probs: torch.FloatTensor, generator: torch.Generator | None) -> torch.LongTensor:
+    """Draws one token of shape `()` from `probs` of shape `(vocab_size,)` with the given generator."""
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def one_hot_probs(token_ids: torch.LongTensor, vocab_size: int) -> torch.FloatTensor:
+    """The distribution `(num_nodes, vocab_size)` of a deterministic drafter: all mass on each draft token."""
+    probs = torch.zeros(len(token_ids), vocab_size, device=token_ids.device)
+    return probs.scatter_(-1, token_ids[:, None], 1.0)
