@@ -14,7 +14,9 @@ class PromptLookupDrafter(Drafter):
     Match rule: the longest suffix n-gram (from `max_ngram_size` down to `min_ngram_size` tokens) that occurred
     before wins; among its earlier occurrences, `prefer="latest"` (the default) takes the most recent one and
     `prefer="earliest"` the first one from the left, which is what transformers' prompt lookup does. The draft
-    is the tokens that followed that occurrence, at most `max_tokens` of them, cut after the first EOS token.
+    is the tokens that followed that occurrence, at most `max_tokens` of them, cut after the first EOS token;
+    a copy that reaches the end of the text continues with its own draft tokens (a repeating pattern keeps
+    repeating), so a recent match still yields a full draft.
 
     The n-gram index maps every n-gram to the positions that followed it and is updated incrementally with the
     tokens committed since the last step, so a step costs O(max_ngram_size) lookups, not a rescan of the text.
@@ -73,8 +75,19 @@ class PromptLookupDrafter(Drafter):
             positions = self._followers.get(tuple(tokens[-size:]))
             if positions:
                 start = positions[-1] if self.prefer == "latest" else positions[0]
-                return tokens[start : start + max_tokens]
+                return self._copy_from(start, max_tokens)
         return []
+
+    def _copy_from(self, start: int, max_tokens: int) -> list[int]:
+        """The `max_tokens` tokens that followed position `start`, continued through the draft itself.
+
+        A copy that reaches the end of the text goes on copying its own draft tokens: after "a b a b" the match
+        of "a b" at position 0 drafts "a b a b ...", not just the two tokens before the end.
+        """
+        tokens, draft = self._tokens, []
+        for source in range(start, start + max_tokens):
+            draft.append(tokens[source] if source < len(tokens) else draft[source - len(tokens)])
+        return draft
 
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
         self._update_index(input_ids)

@@ -1,0 +1,527 @@
+"""Benchmarks: the same prompts through plain greedy decoding and each speculative method, in one process.
+
+`run_benchmark` warms every method up, then runs the methods back to back on each prompt (so that machine noise
+hits all of them alike), checks that every exact method reproduces plain greedy decoding token for token, writes
+one JSONL record per (prompt, method) and summarises tokens/s, speedup, mean acceptance length and the
+identical-output rate per category.
+
+Record format (one JSON object per line, one line per (prompt, method), every line self-contained):
+
+    question_id, prompt_index, category, method   which prompt (`prompt_index`: 0-based position in `prompts`)
+    exact                                         whether the method is meant to reproduce plain greedy output
+    prompt_tokens, truncated                      prompt length in tokens after truncation; whether it was cut
+    new_tokens, seconds, tokens_per_s             tokens generated, wall-clock seconds of the generate call
+    identical_to_plain                            whether the generated ids equal plain greedy decoding's
+    num_target_forwards                           target forward calls (counted with a hook, for every method)
+    mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
+    num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
+    drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
+                                                  (plain and transformers' methods)
+    provenance                                    the run: git commit, versions, device, dtype, threads, models,
+                                                  settings and timestamp (the same object on every line)
+"""
+
+import json
+import subprocess
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from itertools import zip_longest
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from .decoding import generate
+from .drafters import DraftModelDrafter, PromptLookupDrafter
+from .metrics import SpeculativeStats
+
+METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "hf-assisted", "draft-model")
+DRAFT_MODEL_METHODS = ("hf-assisted", "draft-model")
+# transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
+PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+# record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
+STATS_FIELDS = (
+    "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_draft_tokens",
+    "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
+    "drafter", "verifier",
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt.
+
+    Attributes:
+        text (`str`): the prompt text (for multi-turn records, the first user turn).
+        category (`str`, defaults to `"all"`): the category the summary groups it under.
+        question_id (`int` or `str`, *optional*): the id from the prompts file (`question_id` or `task_id`).
+    """
+
+    text: str
+    category: str = "all"
+    question_id: int | str | None = None
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
+    """Reads benchmark prompts from a JSONL file (`.jsonl`) or a plain-text file (any other suffix).
+
+    JSONL records give the prompt as `turns[0]` (Spec-Bench, MT-bench), `prompt` (HumanEval) or `question`
+    (GSM8K), the category as `category` (default `"all"`) and the id as `question_id` or `task_id`. A plain-text
+    file holds one prompt per non-blank line. Blank lines are skipped in both.
+
+    Args:
+        path (`str` or `Path`): the prompts file.
+        limit (`int`, *optional*): keep `limit` prompts, taken round-robin over the categories in the order they
+            first appear (each category's prompts in file order), so that a limit covers every category.
+
+    Returns:
+        `list[Prompt]`, at least one.
+
+    Raises:
+        `FileNotFoundError`: if `path` does not exist.
+        `ValueError`: for `limit < 1`, an empty file, a line that is not JSON, or a JSONL record with none of the
+            fields above.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Prompts file {path} not found: pass a JSONL file (e.g. Spec-Bench question.jsonl) or a text file."
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}.")
+    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    read = _prompt_from_json_line if path.suffix.lower() == ".jsonl" else _prompt_from_text_line
+    prompts = [read(line, f"{path}:{n}") for n, line in lines]
+    if not prompts:
+        raise ValueError(f"Prompts file {path} has no prompts: write one JSON record or one prompt per line.")
+    return _round_robin(prompts, limit)
+
+
+def _round_robin(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    """The first `limit` prompts of the categories interleaved (all of them, in file order, if `limit` is None)."""
+    if limit is None:
+        return prompts
+    by_category: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    interleaved = [p for group in zip_longest(*by_category.values()) for p in group if p is not None]
+    return interleaved[:limit]
+
+
+def _prompt_from_json_line(line: str, where: str) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not JSON ({error}); a .jsonl file needs one JSON object per line.") from None
+    text = _prompt_text(record) if isinstance(record, dict) else None
+    if text is None:
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(
+            f"{where}: unknown JSONL format (found {found}); a record needs a non-empty 'turns' list (Spec-Bench, "
+            "MT-bench), a 'prompt' string (HumanEval) or a 'question' string (GSM8K)."
+        )
+    question_id = record.get("question_id", record.get("task_id"))
+    return Prompt(text, str(record.get("category", "all")), question_id)
+
+
+def _prompt_text(record: dict) -> str | None:
+    """`turns[0]` (Spec-Bench, MT-bench), else `prompt` (HumanEval), else `question` (GSM8K); `None` if none."""
+    turns = record.get("turns")
+    text = turns[0] if isinstance(turns, list) and turns else record.get("prompt", record.get("question"))
+    return text if isinstance(text, str) and text else None
+
+
+def _prompt_from_text_line(line: str, where: str) -> Prompt:
+    if line.lstrip().startswith("{") and line.rstrip().endswith("}"):
+        raise ValueError(f"{where}: this line looks like JSON; name the file *.jsonl to read it as JSONL records.")
+    return Prompt(line)
+
+
+@dataclass
+class BenchmarkResult:
+    """What `run_benchmark` measured.
+
+    Attributes:
+        records (`list[dict]`): one record per (prompt, method), in the format of the module docstring.
+        summary (`dict[str, dict[str, dict]]`): `summarize(records)`: category (and `"all"`) -> method -> figures.
+        mismatches (`list[dict]`): the records of exact methods whose output differs from plain greedy decoding.
+    """
+
+    records: list[dict]
+    summary: dict[str, dict[str, dict]]
+    mismatches: list[dict]
+
+    @property
+    def ok(self) -> bool:
+        """`True` when every exact method reproduced plain greedy decoding on every prompt (exit status 0)."""
+        return not self.mismatches
+
+    def table(self) -> str:
+        """The summary as plain-text tables, one block per figure, rows per category, columns per method."""
+        methods = list(self.summary["all"])
+        blocks = [
+            ("tokens/s (total new tokens / total seconds)", "tokens_per_s", "{:.1f}"),
+            ("speedup vs plain (ratio of tokens/s)", "speedup", "{:.2f}x"),
+            ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
+             "mean_acceptance_length", "{:.2f}"),
+            ("identical-output rate (generated ids equal plain greedy's)", "identical_rate", "{:.0%}"),
+        ]
+        lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
+        per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
+        lines += ["acceptance rate per draft position (all prompts)"] + [
+            f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
+        ]
+        return "\n".join(lines)
+
+
+def _format_block(title: str, summary: dict, methods: list[str], key: str, fmt: str) -> str:
+    width = max(len(c) for c in summary) + 2
+    columns = [max(len(m), 8) + 2 for m in methods]
+    rows = [title, "category".ljust(width) + "".join(m.rjust(w) for m, w in zip(methods, columns))]
+    for category, by_method in summary.items():
+        cells = [by_method[m][key] for m in methods]
+        rows.append(category.ljust(width) + "".join(
+            ("-" if v is None else fmt.format(v)).rjust(w) for v, w in zip(cells, columns)))
+    return "\n".join(rows) + "\n"
+
+
+def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """Pools per-(prompt, method) records into figures per category and method.
+
+    Throughput is total new tokens over total seconds (not a mean of per-prompt rates); speedup is a method's
+    throughput over plain's in the same category; acceptance figures pool the counts of all prompts
+    (`SpeculativeStats` formulas).
+
+    Args:
+        records (`Sequence[dict]`): records as `run_benchmark` writes them (e.g. read back from its JSONL file).
+
+    Returns:
+        `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "tokens_per_s", "speedup",
+        "mean_acceptance_length", "acceptance_rate_per_position", "identical_rate"}`, categories sorted and
+        `"all"` (every record) last. `speedup` is `None` without plain records; acceptance figures are `None`
+        for methods that report none.
+    """
+    categories = sorted({r["category"] for r in records} - {"all"})
+    groups = {c: [r for r in records if r["category"] == c] for c in categories} | {"all": list(records)}
+    return {category: _summarize_group(group) for category, group in groups.items()}
+
+
+def _summarize_group(records: list[dict]) -> dict[str, dict]:
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    summary = {m: _summarize_method([r for r in records if r["method"] == m]) for m in methods}
+    plain = summary.get("plain", {}).get("tokens_per_s")
+    for figures in summary.values():
+        figures["speedup"] = figures["tokens_per_s"] / plain if plain else None
+    return summary
+
+
+def _summarize_method(records: list[dict]) -> dict:
+    new_tokens, seconds = sum(r["new_tokens"] for r in records), sum(r["seconds"] for r in records)
+    with_stats = [r for r in records if r["num_drafts"] is not None]
+    pooled = SpeculativeStats(
+        num_drafts=sum(r["num_drafts"] for r in with_stats),
+        num_accepted_tokens=sum(r["num_accepted_tokens"] for r in with_stats),
+        drafted_per_position=_sum_lists(r["drafted_per_position"] for r in with_stats),
+        accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
+    )
+    return {
+        "num_prompts": len(records),
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
+        "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
+        "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
+        "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
+    }
+
+
+def _sum_lists(lists) -> list[int]:
+    """Element-wise sum of integer lists of different lengths."""
+    total: list[int] = []
+    for values in lists:
+        total += [0] * (len(values) - len(total))
+        for i, value in enumerate(values):
+            total[i] += value
+    return total
+
+
+def _check_methods(methods: Sequence[str], draft) -> list[str]:
+    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names."""
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
+    chosen = [m for m in METHODS if m == "plain" or m in methods]
+    needs_draft = [m for m in chosen if m in DRAFT_MODEL_METHODS]
+    if needs_draft and draft is None:
+        raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= or drop them from methods.")
+    return chosen
+
+
+def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int) -> dict:
+    """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
+    if method == "hf-prompt-lookup":
+        return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
+    if method == "prompt-lookup":
+        drafter = PromptLookupDrafter(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
+        return {"custom_generate": generate, "candidate_generator": drafter}
+    if method == "hf-assisted":
+        return {"assistant_model": draft}  # its number of tokens, schedule and threshold: _pinned_assistant_config
+    if method == "draft-model":
+        return {"custom_generate": generate, "candidate_generator": DraftModelDrafter(draft, num_draft_tokens)}
+    return {}
+
+
+@contextmanager
+def _pinned_assistant_config(draft, num_draft_tokens: int):
+    """Pins transformers' assisted generation to `num_draft_tokens` per step, constant, no confidence cut-off.
+
+    transformers 5.23 reads these settings from the assistant's own `generation_config` (defaults: 20 tokens,
+    threshold 0.4) and ignores them as `generate()` keywords, so they are set there and restored afterwards.
+    """
+    config = draft.generation_config
+    pinned = {"num_assistant_tokens": num_draft_tokens, **PINNED_ASSISTANT_CONFIG}
+    saved = {key: getattr(config, key, None) for key in pinned}
+    try:
+        for key, value in pinned.items():
+            setattr(config, key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+@contextmanager
+def _num_threads(num_threads: int | None):
+    saved = torch.get_num_threads()
+    try:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@dataclass
+class _Run:
+    new_ids: torch.LongTensor  # [new_tokens]
+    seconds: float
+    num_target_forwards: int
+    stats: SpeculativeStats | None
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+    """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its target forwards counted."""
+    forwards = [0]
+    hook = target.register_forward_pre_hook(lambda module, args: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        start = _clock(target.device)
+        output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 return_dict_in_generate=True, **generate_kwargs)
+        seconds = _clock(target.device) - start
+    finally:
+        hook.remove()
+    new_ids = output.sequences[0, input_ids.shape[1] :].cpu()
+    return _Run(new_ids, seconds, forwards[0], getattr(output, "speculative_stats", None))
+
+
+def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device) -> tuple[torch.LongTensor, bool]:
+    """Tokenizes `text` (through the chat template if asked); keeps the last `max_prompt_tokens` tokens."""
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat_template=True but the tokenizer has no chat template: pass chat_template=False.")
+        messages = [{"role": "user", "content": text}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    input_ids = tokenizer(text, add_special_tokens=not chat_template, return_tensors="pt").input_ids
+    if input_ids.shape[1] == 0:
+        raise ValueError(f"Prompt {text!r} tokenizes to no tokens; remove it from the prompts file.")
+    return input_ids[:, -max_prompt_tokens:].to(device), input_ids.shape[1] > max_prompt_tokens
+
+
+def _prompt_budget(models, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """The longest prompt (tokens) that leaves room for `max_new_tokens` within every model's position limit."""
+    limits = [getattr(m.config, "max_position_embeddings", None) for m in models if m is not None]
+    budget = min([max_prompt_tokens] + [limit - max_new_tokens for limit in limits if limit])
+    if budget < 1:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the models' position limit "
+            f"({min(limit for limit in limits if limit)} tokens): lower max_new_tokens."
+        )
+    return budget
+
+
+def _git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = result.stdout.strip()
+    return commit if result.returncode == 0 and commit else None
+
+
+def _model_name(model) -> str | None:
+    return None if model is None else (getattr(model, "name_or_path", "") or type(model).__name__)
+
+
+def _provenance(target, draft, methods, settings: dict) -> dict:
+    from . import __version__
+
+    return {
+        "git_commit": _git_commit(),
+        "hf_speculators_version": __version__,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python_version": sys.version.split()[0],
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "num_threads": torch.get_num_threads(),
+        "target": _model_name(target),
+        "draft": _model_name(draft),
+        "methods": methods,
+        **settings,
+        "hf_assisted_config": {"num_assistant_tokens": settings["num_draft_tokens"], **PINNED_ASSISTANT_CONFIG},
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, prompt_tokens: int, truncated: bool,
+            provenance: dict) -> dict:
+    stats = run.stats.to_dict() if run.stats is not None else {}
+    return {
+        "question_id": prompt.question_id,
+        "prompt_index": index,
+        "category": prompt.category,
+        "method": method,
+        "exact": True,  # greedy decoding: every method is meant to reproduce plain greedy output token for token
+        "prompt_tokens": prompt_tokens,
+        "truncated": truncated,
+        "new_tokens": len(run.new_ids),
+        "seconds": run.seconds,
+        "tokens_per_s": len(run.new_ids) / run.seconds,
+        "identical_to_plain": torch.equal(run.new_ids, plain.new_ids),
+        "num_target_forwards": run.num_target_forwards,
+        **{field: stats.get(field) for field in STATS_FIELDS},
+        "provenance": provenance,
+    }
+
+
+def run_benchmark(
+    target,
+    draft,
+    tokenizer,
+    prompts: Sequence[Prompt | str],
+    methods: Sequence[str] = METHODS,
+    max_new_tokens: int = 128,
+    num_draft_tokens: int = 5,
+    out_path: str | Path | None = None,
+    *,
+    max_ngram_size: int = 2,
+    max_prompt_tokens: int = 1024,
+    chat_template: bool = False,
+    num_threads: int | None = 1,
+    verbose: bool = True,
+) -> BenchmarkResult:
+    """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
+
+    Each method is warmed up once on the first prompt; then, prompt by prompt, all methods run back to back,
+    each generate call timed with `time.perf_counter` (after a CUDA synchronize on GPU). Methods:
+
+    - `"plain"`: `target.generate(do_sample=False)`, the baseline, always run.
+    - `"hf-prompt-lookup"`: transformers' `prompt_lookup_num_tokens=num_draft_tokens`, `max_matching_ngram_size`.
+    - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size=max_ngram_size)` via `custom_generate`.
+    - `"hf-assisted"`: transformers' `assistant_model=draft` with `num_assistant_tokens=num_draft_tokens`, the
+      `"constant"` schedule and confidence threshold 0 (pinned on `draft.generation_config`, restored after).
+    - `"draft-model"`: `DraftModelDrafter(draft, num_draft_tokens)` via `custom_generate`.
+
+    Args:
+        target (`PreTrainedModel`): the causal LM whose greedy output every method must reproduce.
+        draft (`PreTrainedModel`, *optional*): a smaller LM with the target's vocabulary, on the target's device;
+            needed by `"hf-assisted"` and `"draft-model"`.
+        tokenizer (`PreTrainedTokenizerBase`): the target's tokenizer.
+        prompts (`Sequence[Prompt | str]`): the prompts, e.g. from `load_prompts`; a string is `Prompt(text)`.
+        methods (`Sequence[str]`, defaults to all of `METHODS`): the methods to compare; `"plain"` is added.
+        max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first).
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
+        out_path (`str` or `Path`, *optional*): JSONL file for the records (overwritten, one line per record,
+            written as each prompt finishes).
+        max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram matched by both prompt lookups.
+        max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so
+            that prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
+        chat_template (`bool`, defaults to `False`): wrap each prompt as a user turn with the tokenizer's chat
+            template (`add_generation_prompt=True`).
+        num_threads (`int`, *optional*, defaults to 1): torch CPU threads during the run (restored afterwards);
+            `None` leaves the setting alone.
+        verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
+            mismatches to stdout.
+
+    Returns:
+        `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
+        an exact method's output differed from plain greedy decoding (the CLI then exits non-zero).
+
+    Raises:
+        `ValueError`: for an unknown method, a draft method without `draft`, no prompts, a size below 1
+            (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
+            without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
+    """
+    methods = _check_methods(methods, draft)
+    prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
+    if not prompts:
+        raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
+    for name, value in (("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
+                        ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
+    settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
+                "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template}
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
+    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size) for m in methods}
+    with ExitStack() as stack:
+        stack.enter_context(_num_threads(num_threads))
+        if "hf-assisted" in methods:
+            stack.enter_context(_pinned_assistant_config(draft, num_draft_tokens))
+        if out_path is not None:
+            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None
+        provenance = _provenance(target, draft, methods, settings)
+        records = _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
+    return _finish(records, verbose)
+
+
+def _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
+    """Warms every method up on the first prompt, then runs all methods back to back on each prompt."""
+    for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
+        _timed_generate(target, encoded[0][0], method_kwargs, max_new_tokens)
+    records = []
+    progress = tqdm(list(zip(prompts, encoded)), desc="bench", unit="prompt", disable=not verbose)
+    for index, (prompt, (input_ids, truncated)) in enumerate(progress):
+        runs = {m: _timed_generate(target, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
+        new = [_record(prompt, index, m, run, runs["plain"], input_ids.shape[1], truncated, provenance)
+               for m, run in runs.items()]
+        if out is not None:  # written as each prompt finishes, so an interrupted run keeps what it measured
+            out.writelines(json.dumps(record) + "\n" for record in new)
+            out.flush()
+        records += new
+    return records
+
+
+def _finish(records: list[dict], verbose: bool) -> BenchmarkResult:
+    mismatches = [r for r in records if r["exact"] and not r["identical_to_plain"]]
+    result = BenchmarkResult(records, summarize(records), mismatches)
+    if verbose:
+        print(result.table())
+        for r in mismatches:
+            print(f"MISMATCH: {r['method']} differs from plain greedy on prompt {r['prompt_index']} "
+                  f"(question_id={r['question_id']}, category={r['category']})")
+    return result

@@ -1,0 +1,265 @@
+"""Tests of hf_speculators.benchmark: prompt loading, records, summary and the exactness check."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from hf_speculators import benchmark  # noqa: E402
+from hf_speculators.benchmark import METHODS, Prompt, load_prompts, run_benchmark, summarize  # noqa: E402
+
+WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
+PROMPTS = [
+    Prompt("the cat sat on a mat and the cat sat on", "writing", 81),
+    Prompt("dog ran to park with ball then dog ran to", "qa", 82),
+]
+K, NEW_TOKENS = 3, 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="[UNK]")
+
+
+def tiny_llama(num_layers: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama(1, seed=1)
+
+
+def bench(target, draft, tokenizer, prompts=PROMPTS, **kwargs):
+    kwargs = {"max_new_tokens": NEW_TOKENS, "num_draft_tokens": K, **kwargs}
+    return run_benchmark(target, draft, tokenizer, prompts, **kwargs)
+
+
+# ---------------------------------------------------------------- load_prompts
+
+
+@pytest.mark.parametrize(
+    "name, lines, expected",
+    [
+        ("spec_bench.jsonl", [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]}],
+         [Prompt("Write a poem.", "writing", 81)]),
+        ("mt_bench.jsonl", [{"question_id": 1, "turns": ["Hi there."]}], [Prompt("Hi there.", "all", 1)]),
+        ("human_eval.jsonl", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}],
+         [Prompt("def f():\n", "all", "HumanEval/0")]),
+        ("prompts.txt", ["first prompt", "", "second prompt"], [Prompt("first prompt"), Prompt("second prompt")]),
+    ],
+)
+def test_load_prompts_formats(tmp_path, name, lines, expected):
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(x) if isinstance(x, dict) else x for x in lines) + "\n")
+    assert load_prompts(path) == expected
+
+
+def test_load_prompts_limit_keeps_file_order(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("a\nb\nc\n")
+    assert [p.text for p in load_prompts(path, limit=2)] == ["a", "b"]
+
+
+def test_load_prompts_limit_covers_every_category(tmp_path):
+    rows = [("w", "writing"), ("x", "writing"), ("y", "writing"), ("m", "math"), ("q", "qa"), ("r", "qa")]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"turns": [t], "category": c}) + "\n" for t, c in rows))
+    assert [p.text for p in load_prompts(path, limit=4)] == ["w", "m", "q", "x"]
+    assert [p.text for p in load_prompts(path)] == ["w", "x", "y", "m", "q", "r"]
+
+
+@pytest.mark.parametrize(
+    "name, content, limit, error, message",
+    [
+        ("missing.jsonl", None, None, FileNotFoundError, "not found"),
+        ("empty.jsonl", "\n\n", None, ValueError, "has no prompts"),
+        ("empty.txt", "", None, ValueError, "has no prompts"),
+        ("other.jsonl", '{"text": "hello"}\n', None, ValueError, "unknown JSONL format"),
+        ("empty_turns.jsonl", '{"turns": []}\n', None, ValueError, "unknown JSONL format"),
+        ("list.jsonl", "[1, 2]\n", None, ValueError, "unknown JSONL format"),
+        ("broken.jsonl", '{"prompt": \n', None, ValueError, "broken.jsonl:1: not JSON"),
+        ("records.txt", '{"prompt": "hi"}\n', None, ValueError, "looks like JSON; name the file"),
+        ("prompts.txt", "a\n", 0, ValueError, "limit must be a positive integer"),
+    ],
+)
+def test_load_prompts_errors(tmp_path, name, content, limit, error, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(error, match=message):
+        load_prompts(path, limit=limit)
+
+
+# ---------------------------------------------------------------- run_benchmark: bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"methods": ["plain", "medusa"]}, "Unknown benchmark methods"),
+        ({"prompts": []}, "No prompts"),
+        ({"chat_template": True}, "has no chat template"),
+        ({"max_prompt_tokens": 0}, "max_prompt_tokens must be an integer >= 1"),
+        ({"num_draft_tokens": 0}, "num_draft_tokens must be an integer >= 1"),
+    ],
+)
+def test_run_benchmark_rejects_bad_input(target, draft, tokenizer, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bench(target, draft, tokenizer, **{"verbose": False, **kwargs})
+
+
+def test_run_benchmark_needs_draft_for_draft_methods(target, tokenizer):
+    with pytest.raises(ValueError, match="need a draft model"):
+        bench(target, None, tokenizer, methods=["draft-model"], verbose=False)
+
+
+def test_run_benchmark_rejects_too_many_new_tokens(target, draft, tokenizer):
+    with pytest.raises(ValueError, match="leaves no room for a prompt.*lower max_new_tokens"):
+        run_benchmark(target, draft, tokenizer, PROMPTS, max_new_tokens=64, verbose=False)
+
+
+# ---------------------------------------------------------------- run_benchmark: end to end
+
+
+@pytest.fixture(scope="module")
+def run(target, draft, tokenizer, tmp_path_factory):
+    out_path = tmp_path_factory.mktemp("bench") / "results.jsonl"
+    result = bench(target, draft, tokenizer, out_path=out_path, verbose=False)
+    return result, out_path
+
+
+def test_every_method_reproduces_plain_greedy(run):
+    result, _ = run
+    assert result.ok and result.mismatches == []
+    assert len(result.records) == len(PROMPTS) * len(METHODS)
+    assert all(r["exact"] and r["identical_to_plain"] for r in result.records)
+
+
+def test_jsonl_records(run, target):
+    result, out_path = run
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert lines == json.loads(json.dumps(result.records))
+    assert [(r["prompt_index"], r["method"]) for r in lines] == [(i, m) for i in range(2) for m in METHODS]
+    for r in lines:
+        assert r["question_id"] == PROMPTS[r["prompt_index"]].question_id
+        assert r["category"] == PROMPTS[r["prompt_index"]].category
+        assert r["new_tokens"] == NEW_TOKENS and r["seconds"] > 0 and not r["truncated"]
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
+        has_stats = r["method"] in ("prompt-lookup", "draft-model")
+        assert (r["mean_acceptance_length"] is not None) == has_stats
+        assert (r["lossless"] is True) if has_stats else r["lossless"] is None
+    plain = [r for r in lines if r["method"] == "plain"]
+    assert all(r["num_target_forwards"] == NEW_TOKENS for r in plain)
+    provenance = lines[0]["provenance"]
+    assert all(r["provenance"] == provenance for r in lines)
+    assert provenance["transformers_version"] and provenance["torch_version"] and provenance["timestamp"]
+    assert (provenance["device"], provenance["dtype"], provenance["num_threads"]) == ("cpu", "float32", 1)
+    assert (provenance["num_draft_tokens"], provenance["max_new_tokens"], provenance["max_ngram_size"]) == (K, 8, 2)
+    assert provenance["hf_assisted_config"] == {
+        "num_assistant_tokens": K, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
+    }
+
+
+def test_run_leaves_global_state_alone(run, draft):
+    assert torch.get_num_threads() == 1
+    assert draft.generation_config.num_assistant_tokens is None
+    assert draft.generation_config.assistant_confidence_threshold is None
+
+
+def test_summary_and_table(run):
+    result, _ = run
+    assert list(result.summary) == ["qa", "writing", "all"]
+    overall = result.summary["all"]
+    assert list(overall) == list(METHODS)
+    assert overall["plain"]["speedup"] == 1.0
+    assert overall["plain"]["new_tokens"] == 2 * NEW_TOKENS and overall["plain"]["num_prompts"] == 2
+    assert overall["hf-assisted"]["mean_acceptance_length"] is None
+    assert overall["draft-model"]["mean_acceptance_length"] >= 1.0
+    assert all(figures["identical_rate"] == 1.0 for figures in overall.values())
+    table = result.table()
+    assert all(method in table for method in METHODS) and "speedup vs plain" in table
+
+
+def test_oracle_draft_is_fully_accepted_by_both_draft_methods(target, tokenizer, capsys):
+    # the draft is the target itself: every draft token is accepted, k per step, if the settings are pinned
+    result = bench(target, copy.deepcopy(target), tokenizer, methods=["hf-assisted", "draft-model"])
+    assert result.ok
+    overall = result.summary["all"]
+    assert overall["draft-model"]["mean_acceptance_length"] == K + 1
+    assert overall["draft-model"]["acceptance_rate_per_position"] == [1.0] * K
+    # transformers' default (threshold 0.4, 20 tokens) would give other counts: 8 tokens in 2 steps of k + 1
+    assert all(r["num_target_forwards"] == 2 for r in result.records if r["method"] == "hf-assisted")
+    assert "mean acceptance length" in capsys.readouterr().out
+
+
+def test_mismatch_is_reported(target, draft, tokenizer, monkeypatch, capsys):
+    make_kwargs = benchmark._generate_kwargs
+
+    def broken_prompt_lookup(method, *args):
+        kwargs = make_kwargs(method, *args)
+        if method == "prompt-lookup":  # forbid every token but one: the output can no longer match plain greedy
+            kwargs["suppress_tokens"] = [t for t in range(target.config.vocab_size) if t != 5]
+        return kwargs
+
+    monkeypatch.setattr(benchmark, "_generate_kwargs", broken_prompt_lookup)
+    result = bench(target, draft, tokenizer, methods=["prompt-lookup"])
+    assert not result.ok
+    assert [(r["method"], r["prompt_index"]) for r in result.mismatches] == [("prompt-lookup", 0), ("prompt-lookup", 1)]
+    assert result.summary["all"]["prompt-lookup"]["identical_rate"] == 0.0
+    assert "MISMATCH: prompt-lookup differs from plain greedy on prompt 0 (question_id=81" in capsys.readouterr().out
+
+
+def test_long_prompts_keep_their_last_tokens(target, tokenizer):
+    result = bench(target, None, tokenizer, prompts=["the cat sat on a mat"], methods=["prompt-lookup"],
+                   max_prompt_tokens=3, verbose=False)
+    assert all(r["truncated"] and r["prompt_tokens"] == 3 for r in result.records)
+    assert result.records[0]["category"] == "all" and result.records[0]["question_id"] is None
+
+
+def test_chat_template_wraps_the_prompt(target, tokenizer):
+    chat_tokenizer = copy.deepcopy(tokenizer)
+    chat_tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %} then{% endif %}"
+    )
+    result = bench(target, None, chat_tokenizer, prompts=["the cat"], methods=[], chat_template=True, verbose=False)
+    assert result.records[0]["prompt_tokens"] == 3  # "the cat" + " then" from the template
+
+
+def test_summarize_pools_totals():
+    def record(category, method, tokens, seconds, accepted=None):
+        stats = {"num_drafts": 2, "num_accepted_tokens": accepted, "drafted_per_position": [2, 1],
+                 "accepted_per_position": [accepted, 0]} if accepted is not None else {
+                 "num_drafts": None, "num_accepted_tokens": None, "drafted_per_position": None,
+                 "accepted_per_position": None}
+        return {"category": category, "method": method, "new_tokens": tokens, "seconds": seconds,
+                "identical_to_plain": True, **stats}
+
+    records = [record("a", "plain", 10, 1.0), record("b", "plain", 30, 1.0),
+               record("a", "prompt-lookup", 10, 0.5, accepted=2), record("b", "prompt-lookup", 30, 1.5, accepted=0)]
+    summary = summarize(records)
+    assert summary["all"]["plain"]["tokens_per_s"] == 20.0  # total tokens / total seconds, not a mean of rates
+    assert summary["all"]["prompt-lookup"]["speedup"] == 1.0
+    assert summary["a"]["prompt-lookup"]["speedup"] == 2.0
+    assert summary["all"]["prompt-lookup"]["mean_acceptance_length"] == 1.5  # 1 + 2 accepted / 4 drafts
+    assert summary["all"]["prompt-lookup"]["acceptance_rate_per_position"] == [0.5, 0.0]
+    assert summary["all"]["plain"]["mean_acceptance_length"] is None
