@@ -13,6 +13,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     new_tokens, seconds, tokens_per_s             tokens generated, wall-clock seconds of the generate call
     identical_to_plain                            whether the generated ids equal plain greedy decoding's
     num_target_forwards                           target forward calls (counted with a hook, for every method)
+    forward_seconds                               seconds inside target and draft forwards (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
@@ -170,6 +171,7 @@ class BenchmarkResult:
             ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
              "mean_acceptance_length", "{:.2f}"),
             ("identical-output rate (generated ids equal plain greedy's)", "identical_rate", "{:.0%}"),
+            ("share of wall time outside model forwards", "outside_forwards", "{:.1%}"),
         ]
         lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
@@ -233,6 +235,7 @@ def _summarize_method(records: list[dict]) -> dict:
         "num_prompts": len(records),
         "new_tokens": new_tokens,
         "seconds": seconds,
+        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
         "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
@@ -311,6 +314,7 @@ class _Run:
     new_ids: torch.LongTensor  # [new_tokens]
     seconds: float
     num_target_forwards: int
+    forward_seconds: float
     stats: SpeculativeStats | None
 
 
@@ -320,19 +324,42 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
-    """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its target forwards counted."""
-    forwards = [0]
-    hook = target.register_forward_pre_hook(lambda module, args: forwards.__setitem__(0, forwards[0] + 1))
+@contextmanager
+def _forward_timer(target, draft):
+    """Counts target forwards and adds up the seconds spent inside target and draft forwards (module hooks).
+
+    Yields a dict with `num_target_forwards` and `forward_seconds`; on CUDA the hooks time kernel launches
+    and waits, not the GPU work, so `forward_seconds` is exact on CPU only.
+    """
+    totals = {"num_target_forwards": 0, "forward_seconds": 0.0}
+    starts = []
+
+    def before(module, args):
+        starts.append(time.perf_counter())
+        totals["num_target_forwards"] += module is target
+
+    def after(module, args, output):
+        totals["forward_seconds"] += time.perf_counter() - starts.pop()
+
+    models = [m for m in (target, draft) if m is not None]
+    hooks = [h for m in models for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
+        yield totals
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _timed_generate(target, draft, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+    """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its model forwards measured."""
+    with _forward_timer(target, draft) as forwards:
         start = _clock(target.device)
         output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  return_dict_in_generate=True, **generate_kwargs)
         seconds = _clock(target.device) - start
-    finally:
-        hook.remove()
     new_ids = output.sequences[0, input_ids.shape[1] :].cpu()
-    return _Run(new_ids, seconds, forwards[0], getattr(output, "speculative_stats", None))
+    return _Run(new_ids, seconds, forwards["num_target_forwards"], forwards["forward_seconds"],
+                getattr(output, "speculative_stats", None))
 
 
 def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device) -> tuple[torch.LongTensor, bool]:
@@ -411,6 +438,7 @@ def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, pro
         "tokens_per_s": len(run.new_ids) / run.seconds,
         "identical_to_plain": torch.equal(run.new_ids, plain.new_ids),
         "num_target_forwards": run.num_target_forwards,
+        "forward_seconds": run.forward_seconds,
         **{field: stats.get(field) for field in STATS_FIELDS},
         "provenance": provenance,
     }
@@ -495,18 +523,18 @@ def run_benchmark(
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None
         provenance = _provenance(target, draft, methods, settings)
-        records = _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
+        records = _run_prompts((target, draft), prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
     return _finish(records, verbose)
 
 
-def _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
+def _run_prompts(models, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
     """Warms every method up on the first prompt, then runs all methods back to back on each prompt."""
     for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
-        _timed_generate(target, encoded[0][0], method_kwargs, max_new_tokens)
+        _timed_generate(*models, encoded[0][0], method_kwargs, max_new_tokens)
     records = []
     progress = tqdm(list(zip(prompts, encoded)), desc="bench", unit="prompt", disable=not verbose)
     for index, (prompt, (input_ids, truncated)) in enumerate(progress):
-        runs = {m: _timed_generate(target, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
+        runs = {m: _timed_generate(*models, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
         new = [_record(prompt, index, m, run, runs["plain"], input_ids.shape[1], truncated, provenance)
                for m, run in runs.items()]
         if out is not None:  # written as each prompt finishes, so an interrupted run keeps what it measured

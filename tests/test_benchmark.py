@@ -165,6 +165,7 @@ def test_jsonl_records(run, target):
         assert r["category"] == PROMPTS[r["prompt_index"]].category
         assert r["new_tokens"] == NEW_TOKENS and r["seconds"] > 0 and not r["truncated"]
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
+        assert 0 < r["forward_seconds"] < r["seconds"]
         has_stats = r["method"] in ("prompt-lookup", "draft-model")
         assert (r["mean_acceptance_length"] is not None) == has_stats
         assert (r["lossless"] is True) if has_stats else r["lossless"] is None
@@ -252,7 +253,7 @@ def test_summarize_pools_totals():
                  "num_drafts": None, "num_accepted_tokens": None, "drafted_per_position": None,
                  "accepted_per_position": None}
         return {"category": category, "method": method, "new_tokens": tokens, "seconds": seconds,
-                "identical_to_plain": True, **stats}
+                "forward_seconds": 0.9 * seconds, "identical_to_plain": True, **stats}
 
     records = [record("a", "plain", 10, 1.0), record("b", "plain", 30, 1.0),
                record("a", "prompt-lookup", 10, 0.5, accepted=2), record("b", "prompt-lookup", 30, 1.5, accepted=0)]
@@ -263,3 +264,4 @@ def test_summarize_pools_totals():
     assert summary["all"]["prompt-lookup"]["mean_acceptance_length"] == 1.5  # 1 + 2 accepted / 4 drafts
     assert summary["all"]["prompt-lookup"]["acceptance_rate_per_position"] == [0.5, 0.0]
     assert summary["all"]["plain"]["mean_acceptance_length"] is None
+    assert summary["all"]["plain"]["outside_forwards"] == pytest.approx(0.1)
