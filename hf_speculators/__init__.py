@@ -1,10 +1,19 @@
 """hf_speculators: speculative decoding inside transformers' `model.generate()`."""
 
 from .decoding import SpeculativeGenerateOutput, enable, generate
-from .drafters import DRAFTERS, DraftModelDrafter, Drafter, PromptLookupDrafter
+from .drafters import DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, PromptLookupDrafter, StaticTree, TreeDrafter
 from .metrics import SpeculativeStats
+from .tree import TokenTree
 from .types import Draft, Verdict
-from .verifiers import VERIFIERS, ExactVerifier, RejectionVerifier, Verifier
+from .verifiers import (
+    VERIFIERS,
+    ExactVerifier,
+    NodewiseVerifier,
+    RejectionVerifier,
+    TopKVerifier,
+    TypicalVerifier,
+    Verifier,
+)
 
 __version__ = "0.1.0"
 
@@ -14,11 +23,18 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "DynamicTree",
     "ExactVerifier",
+    "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
+    "StaticTree",
+    "TokenTree",
+    "TopKVerifier",
+    "TreeDrafter",
+    "TypicalVerifier",
     "Verdict",
     "Verifier",
     "enable",

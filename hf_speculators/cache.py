@@ -1,6 +1,8 @@
-"""The only module that touches transformers `Cache` objects: checks, rollback and truncation."""
+"""The only module that touches transformers `Cache` objects: checks, rollback, truncation and tree compaction."""
 
+import torch
 from transformers import Cache, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 
 def prepare_cache(cache: Cache | None, config) -> DynamicCache:
@@ -33,3 +35,40 @@ def rollback(cache: Cache, num_tokens: int) -> None:
 def truncate(cache: Cache, length: int) -> None:
     """Keeps the first `length` tokens of `cache` (no-op if it holds `length` or fewer)."""
     rollback(cache, cache.get_seq_length() - length)
+
+
+def check_tree_support(cache: Cache) -> None:
+    """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer`.
+
+    A token tree is scored with a 4D mask over the whole cache and compacted by gathering key/value rows: neither
+    fits sliding-window layers (which hold only the last window of tokens) nor linear-attention states.
+    """
+    unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if unsupported:
+        raise ValueError(
+            f"Token trees need full-attention cache layers; this model's cache has {unsupported}. Use a drafter "
+            "that proposes chains (e.g. DraftModelDrafter, or PromptLookupDrafter with num_candidates=1)."
+        )
+
+
+def keep_accepted(cache: Cache, accepted_nodes: torch.LongTensor, num_nodes: int) -> None:
+    """Keeps the key/value states of the accepted path of a draft tree and drops those of the other nodes.
+
+    The last `num_nodes` entries of every layer are the draft's nodes in node order. Afterwards the accepted
+    nodes, root to leaf, stand in their place and the rest are gone. When the accepted nodes are the first ones
+    (always for a chain) this is a plain rollback; otherwise their rows are gathered in every layer first.
+
+    Args:
+        cache (`Cache`): a `DynamicCache`; gathering needs full-attention layers (see `check_tree_support`).
+        accepted_nodes (`torch.LongTensor` of shape `(num_accepted,)`): node indices of the accepted path.
+        num_nodes (`int`): the draft's number of nodes, all in the cache.
+    """
+    num_accepted = len(accepted_nodes)
+    in_place = torch.arange(num_accepted, device=accepted_nodes.device)
+    if not torch.equal(accepted_nodes, in_place):
+        for layer in cache.layers:
+            start = layer.keys.shape[-2] - num_nodes
+            rows = start + accepted_nodes.to(layer.keys.device)
+            layer.keys[..., start : start + num_accepted, :] = layer.keys[..., rows, :]
+            layer.values[..., start : start + num_accepted, :] = layer.values[..., rows, :]
+    rollback(cache, num_nodes - num_accepted)

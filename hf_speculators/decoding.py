@@ -1,7 +1,6 @@
 """The speculative decoding loop: `generate` (a transformers `custom_generate` callable) and `enable(model)`."""
 
 import functools
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -9,10 +8,12 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .cache import prepare_cache, rollback, truncate
+from .cache import check_tree_support, keep_accepted, prepare_cache, truncate
 from .drafters import Drafter
+from .forward import forward_logits
 from .metrics import SpeculativeStats
 from .sampling import process_logits
+from .tree import TokenTree
 from .types import Draft
 from .verifiers import Verifier, resolve_verifier
 
@@ -74,57 +75,51 @@ class _SpeculativeDecoding:
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
         self.scores = [] if generation_config.output_scores else None
         self.raw_logits = [] if generation_config.output_logits else None
-        self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def _clock(self) -> float:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def _forward(self, input_ids: torch.LongTensor, num_logits: int) -> torch.FloatTensor:
-        """Runs the target over `input_ids` `(1, n)` after the cache; returns the last `num_logits` rows of logits."""
-        start = self.cache.get_seq_length()
-        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
-        extra = {"logits_to_keep": num_logits} if self.takes_logits_to_keep else {}
-        logits = self.model(
-            input_ids=input_ids, past_key_values=self.cache, position_ids=positions, use_cache=True, **extra
-        ).logits
-        return logits[0, -num_logits:]
-
     def prefill(self, input_ids: torch.LongTensor) -> None:
         """Puts all prompt tokens but the last into the cache; the last one is pending for the first step."""
         start = self._clock()
         truncate(self.cache, input_ids.shape[1] - 1)
-        if input_ids.shape[1] - 1 > self.cache.get_seq_length():
-            self._forward(input_ids[:, self.cache.get_seq_length() : -1], num_logits=1)
+        num_cached = self.cache.get_seq_length()
+        if input_ids.shape[1] - 1 > num_cached:
+            no_draft = TokenTree.chain(0, input_ids.device)
+            forward_logits(self.model, self.cache, input_ids[:, num_cached:-1], no_draft, input_ids.shape[1] - 1, 1)
             self.stats.num_target_forwards += 1
         self.stats.verify_time += self._clock() - start
 
     def step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, bool]:
-        """One speculative step: draft, one target forward, verify, roll back, commit. Returns (ids, finished)."""
-        # 1. draft, no longer than the length budget leaves room for (the next token takes one place)
+        """One speculative step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
+        # 1. draft, no deeper than the length budget leaves room for (the next token takes one place)
         start = self._clock()
         budget = min(self.drafter.num_draft_tokens, self.generation_config.max_length - input_ids.shape[1] - 1)
         draft = self.drafter.propose(input_ids, budget) if budget > 0 else Draft.empty(input_ids.device)
-        if not draft.is_chain:
-            raise NotImplementedError("Token trees are not supported yet: the drafter must return a chain.")
+        tree = draft.tree  # a chain is the tree whose every node has one child
+        if not tree.is_chain:
+            check_tree_support(self.cache)
         verify_start = self._clock()
         self.stats.draft_time += verify_start - start
-        # 2. one target forward over the pending tokens and every draft token
+        # 2. one target forward over the pending tokens and every draft node (a tree with its own 4D mask)
         pending = input_ids[:, self.cache.get_seq_length() :]
         step_ids = torch.cat([pending, draft.token_ids[None].to(input_ids.device)], dim=-1)
-        logits = self._forward(step_ids, num_logits=draft.num_nodes + 1)  # [k + 1, vocab]
-        # 3. logits processors per position, as plain generate applies them token by token
-        scores = process_logits(self.logits_processor, input_ids, draft.token_ids, logits)
-        # 4. verification keeps a prefix of the draft and picks the next (bonus or recovered) token
+        logits = forward_logits(self.model, self.cache, step_ids, tree, input_ids.shape[1], draft.num_nodes + 1)
+        # 3. logits processors per row, each with the committed tokens and its node's path as the prefix
+        prefixes = tree.prefixes(input_ids, draft.token_ids, range(-1, draft.num_nodes))
+        scores = process_logits(self.logits_processor, prefixes, logits)  # [num_nodes + 1, vocab]
+        # 4. verification keeps a root-to-leaf path of the draft and picks the next (bonus or recovered) token
         verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
-        # 5. drop the rejected draft tokens from the target cache
-        rollback(self.cache, draft.num_nodes - verdict.num_accepted)
+        # 5. keep the target's KV of the accepted path only
+        keep_accepted(self.cache, verdict.accepted_nodes, draft.num_nodes)
         # 6. commit token by token so that EOS, max length and stop strings cut exactly where plain generate would
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
-        input_ids, committed, finished = self._commit(input_ids, new_tokens, scores, logits)
+        rows = torch.cat([verdict.accepted_nodes.new_zeros(1), verdict.accepted_nodes + 1])  # the row scoring each
+        input_ids, committed, finished = self._commit(input_ids, new_tokens, scores[rows], logits[rows])
         self.stats.verify_time += self._clock() - verify_start
-        self.stats.record(draft.num_nodes, verdict.num_accepted, committed)
+        self.stats.record(draft.num_nodes, verdict.num_accepted, committed, depth=tree.depth)
         return input_ids, finished
 
     def _commit(self, input_ids, new_tokens, scores, logits) -> tuple[torch.LongTensor, int, bool]:

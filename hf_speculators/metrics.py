@@ -11,11 +11,11 @@ class SpeculativeStats:
         num_target_forwards (`int`): target forwards, the prefill included.
         num_steps (`int`): verification steps (one target forward each).
         num_drafts (`int`): steps whose draft had at least one token.
-        num_draft_tokens (`int`): draft tokens proposed, over all steps.
+        num_draft_tokens (`int`): draft tokens (tree nodes) proposed, over all steps.
         num_accepted_tokens (`int`): draft tokens accepted, over all steps.
         num_generated_tokens (`int`): tokens added to the sequence (accepted, bonus and recovered tokens).
-        drafted_per_position (`list[int]`): entry i counts drafts with a token at position i.
-        accepted_per_position (`list[int]`): entry i counts drafts whose token at position i was accepted.
+        drafted_per_position (`list[int]`): entry i counts drafts with a token at position (tree: depth) i.
+        accepted_per_position (`list[int]`): entry i counts drafts that had a token accepted at position i.
         draft_time (`float`): seconds spent drafting.
         verify_time (`float`): seconds spent in target forwards (prefill included) and verification.
         lossless (`bool`): whether the verification preserves the target's output (greedy: token for token;
@@ -38,18 +38,23 @@ class SpeculativeStats:
     verifier: str = ""
     drafter: str = ""
 
-    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int) -> None:
-        """Adds one verification step that proposed `num_draft_tokens` and accepted `num_accepted` of them."""
+    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int, depth: int | None = None) -> None:
+        """Adds one verification step that proposed `num_draft_tokens` and accepted `num_accepted` of them.
+
+        `depth` is the longest path of a tree draft (default: `num_draft_tokens`, a chain); the per-position
+        figures count depths, so for a tree position i is "a node at depth i".
+        """
+        depth = num_draft_tokens if depth is None else depth
         self.num_steps += 1
         self.num_target_forwards += 1
         self.num_drafts += num_draft_tokens > 0
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         self.num_generated_tokens += num_generated
-        missing = num_draft_tokens - len(self.drafted_per_position)
+        missing = depth - len(self.drafted_per_position)
         self.drafted_per_position += [0] * missing
         self.accepted_per_position += [0] * missing
-        for i in range(num_draft_tokens):
+        for i in range(depth):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += i < num_accepted
 

@@ -1,39 +1,33 @@
 """Per-position logits processing, target/draft probabilities and the residual distribution."""
 
+from collections.abc import Iterable
+
 import torch
 from transformers import LogitsProcessorList
 
 
 def process_logits(
-    logits_processor: LogitsProcessorList | None,
-    input_ids: torch.LongTensor,
-    draft_token_ids: torch.LongTensor,
-    logits: torch.FloatTensor,
+    logits_processor: LogitsProcessorList | None, prefixes: Iterable[torch.LongTensor], logits: torch.FloatTensor
 ) -> torch.FloatTensor:
-    """Applies the logits processors at every position of a chain, as plain `generate` would one token at a time.
+    """Applies the logits processors to every row of `logits`, each with its own prefix, as plain `generate` would.
 
-    Position i is processed with the committed tokens followed by the first i draft tokens as its prefix, so
-    processors that read the sequence (repetition penalty, no-repeat n-gram, min_new_tokens) see what they
-    would see in plain decoding. Logits are cast to float32 first, as transformers does.
+    Row i is processed with `prefixes[i]`, the sequence whose next token it predicts (the committed tokens, then
+    the draft tokens on the path to that position), so processors that read the sequence (repetition penalty,
+    no-repeat n-gram, min_new_tokens) see what they would see in plain decoding. Logits are cast to float32
+    first, as transformers does. `prefixes` is only read when there are processors (it may be a lazy generator).
 
     Args:
         logits_processor (`LogitsProcessorList`, *optional*): processors and warpers of the generate call.
-        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the committed tokens.
-        draft_token_ids (`torch.LongTensor` of shape `(num_positions - 1,)`, or longer): tokens after the prefix;
-            only the first `num_positions - 1` are read.
-        logits (`torch.FloatTensor` of shape `(num_positions, vocab_size)`): raw logits, position i predicting
-            the token after `draft_token_ids[:i]`.
+        prefixes (`Iterable[torch.LongTensor]`): one `(1, prefix_length)` tensor per row of `logits`.
+        logits (`torch.FloatTensor` of shape `(num_rows, vocab_size)`): raw logits.
 
     Returns:
-        `torch.FloatTensor` of shape `(num_positions, vocab_size)`: the processed scores, in float32.
+        `torch.FloatTensor` of shape `(num_rows, vocab_size)`: the processed scores, in float32.
     """
     scores = logits.float()
     if not logits_processor:
         return scores
-    rows = []
-    for i in range(scores.shape[0]):
-        prefix = torch.cat([input_ids, draft_token_ids[None, :i].to(input_ids.device)], dim=-1)
-        rows.append(logits_processor(prefix, scores[i : i + 1].clone()))
+    rows = [logits_processor(prefix, scores[i : i + 1].clone()) for i, prefix in enumerate(prefixes)]
     return torch.cat(rows, dim=0)
 
 

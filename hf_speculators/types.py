@@ -1,8 +1,11 @@
 """The two values that cross the drafter/verifier boundary: a `Draft` and a `Verdict`."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+from .tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -13,22 +16,45 @@ class Draft:
         token_ids (`torch.LongTensor` of shape `(num_nodes,)`):
             The draft tokens. A chain of k tokens has `num_nodes == k`.
         parent_ids (`torch.LongTensor` of shape `(num_nodes,)`):
-            Index of each node's parent; -1 is the last committed token. A chain has `parent_ids[i] == i - 1`.
+            Index of each node's parent; -1 is the last committed token. A chain has `parent_ids[i] == i - 1`;
+            in a tree every parent comes before its children (see `TokenTree`).
         draft_probs (`torch.FloatTensor` of shape `(num_nodes, vocab_size)`, *optional*):
-            The distribution each node was sampled from, after the same logits processors as the target.
-            `None` for a deterministic drafter (prompt lookup, greedy drafting): the draft is then treated
-            as one-hot by lossless verification.
+            The distribution each node was sampled from, after the same logits processors as the target: for a
+            node of a tree, given its path and the siblings drawn before it (the same row for siblings drawn
+            independently; the row without the earlier siblings' tokens, renormalized, for siblings drawn without
+            replacement). `None` for a deterministic drafter (prompt lookup, greedy drafting, top-k tree
+            expansion): lossless verification then treats every node as one-hot, which is lossless for any tree.
+
+    Raises:
+        `ValueError`: if `token_ids` and `parent_ids` differ in length or `draft_probs` has another number of rows.
     """
 
     token_ids: torch.LongTensor
     parent_ids: torch.LongTensor
     draft_probs: torch.FloatTensor | None = None
 
+    def __post_init__(self):
+        if self.token_ids.shape != self.parent_ids.shape or self.token_ids.ndim != 1:
+            raise ValueError(
+                f"A draft needs 1D token_ids and parent_ids of the same length, got shapes "
+                f"{tuple(self.token_ids.shape)} and {tuple(self.parent_ids.shape)}."
+            )
+        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.token_ids):
+            raise ValueError(
+                f"draft_probs needs one row per node ({len(self.token_ids)}), got shape {tuple(self.draft_probs.shape)}."
+            )
+
     @classmethod
     def chain(cls, token_ids: torch.LongTensor, draft_probs: torch.FloatTensor | None = None) -> "Draft":
         """Builds a chain draft (each node the child of the one before) from `token_ids` of shape `(k,)`."""
         parent_ids = torch.arange(-1, len(token_ids) - 1, device=token_ids.device)
         return cls(token_ids=token_ids, parent_ids=parent_ids, draft_probs=draft_probs)
+
+    @classmethod
+    def from_lists(cls, token_ids: list[int], parent_ids: list[int], device: torch.device | str) -> "Draft":
+        """Builds a deterministic draft (`draft_probs=None`) from Python lists of tokens and parent indices."""
+        return cls(token_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
+                   parent_ids=torch.tensor(parent_ids, dtype=torch.long, device=device))
 
     @classmethod
     def empty(cls, device: torch.device) -> "Draft":
@@ -39,10 +65,14 @@ class Draft:
     def num_nodes(self) -> int:
         return len(self.token_ids)
 
+    @cached_property
+    def tree(self) -> TokenTree:
+        """The draft's structure (validated on first use: a malformed `parent_ids` raises `ValueError`)."""
+        return TokenTree(self.parent_ids)
+
     @property
     def is_chain(self) -> bool:
-        expected = torch.arange(-1, self.num_nodes - 1, device=self.parent_ids.device)
-        return bool(torch.equal(self.parent_ids, expected))
+        return self.tree.is_chain
 
 
 @dataclass(frozen=True)

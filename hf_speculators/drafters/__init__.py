@@ -3,10 +3,12 @@
 from .base import Drafter
 from .draft_model import DraftModelDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .tree import DynamicTree, StaticTree, TreeDrafter
 
 DRAFTERS: dict[str, type[Drafter]] = {
     PromptLookupDrafter.name: PromptLookupDrafter,
     DraftModelDrafter.name: DraftModelDrafter,
+    TreeDrafter.name: TreeDrafter,
 }
 
-__all__ = ["DRAFTERS", "DraftModelDrafter", "Drafter", "PromptLookupDrafter"]
+__all__ = ["DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "PromptLookupDrafter", "StaticTree", "TreeDrafter"]

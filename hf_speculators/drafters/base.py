@@ -16,10 +16,12 @@ class Drafter(CandidateGenerator):
 
     As a `CandidateGenerator`, `get_candidates(input_ids)` returns `(candidate_ids, candidate_logits)` with
     `candidate_ids` of shape `(1, sequence_length + k)` and `candidate_logits` of shape `(1, k, vocab_size)`
-    (log-probabilities) or `None` for a deterministic drafter.
+    (log-probabilities) or `None` for a deterministic drafter. transformers checks chains only: a tree draft gives
+    its leftmost path (the first child at every node, the drafter's best guess).
 
     Args:
-        num_draft_tokens (`int`): draft tokens proposed per step (k), at least 1.
+        num_draft_tokens (`int`): draft tokens proposed per step (k), at least 1: for a tree, its depth (the most
+            tokens on one path, which is what the length budget of `propose(input_ids, max_tokens)` limits).
 
     Raises:
         `ValueError`: if `num_draft_tokens` is not an integer >= 1.
@@ -57,13 +59,14 @@ class Drafter(CandidateGenerator):
         self.generator = generator
 
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        """Returns a draft of at most `max_tokens` nodes continuing `input_ids` of shape `(1, sequence_length)`."""
+        """Returns a draft continuing `input_ids` of shape `(1, sequence_length)`, no path longer than `max_tokens`."""
         raise NotImplementedError(f"{type(self).__name__} must implement propose(input_ids, max_tokens)")
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         draft = self.propose(input_ids, self.num_draft_tokens)
-        candidate_ids = torch.cat([input_ids, draft.token_ids[None].to(input_ids.device)], dim=-1)
-        candidate_logits = None if draft.draft_probs is None else draft.draft_probs.log()[None]
+        path = draft.tree.leftmost_path()
+        candidate_ids = torch.cat([input_ids, draft.token_ids[path][None].to(input_ids.device)], dim=-1)
+        candidate_logits = None if draft.draft_probs is None else draft.draft_probs[path].log()[None]
         return candidate_ids, candidate_logits
 
     def __repr__(self) -> str:

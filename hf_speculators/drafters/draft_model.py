@@ -4,7 +4,9 @@ import torch
 from transformers import DynamicCache
 
 from ..cache import truncate
+from ..forward import forward_logits
 from ..sampling import process_logits, sample
+from ..tree import TokenTree
 from ..types import Draft
 from .base import Drafter
 
@@ -92,32 +94,37 @@ class DraftModelDrafter(Drafter):
             return logits[..., : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
 
-    @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+    def _new_tokens(self, input_ids: torch.LongTensor) -> torch.LongTensor:
+        """Rolls the draft cache back to what it shares with the committed `input_ids` `(1, length)`; returns the
+        committed tokens `(n,)` it lacks, at least the last one (its logits give the first draft token)."""
         device = self.draft_model.device
         committed = input_ids[0].to(device)
-        # 1. roll the draft cache back to what it shares with the committed tokens; feed the rest
         reused = min(common_prefix_length(self._cached_ids.to(device), committed), len(committed) - 1)
         truncate(self._cache, reused)
-        new_ids, prefix = committed[reused:], input_ids
+        return committed[reused:]
+
+    def _logits(self, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int, num_logits: int, device):
+        """Draft-model logits `(num_logits, target_vocab)` on `device` (see `forward_logits` for the arguments)."""
+        logits = forward_logits(self.draft_model, self._cache, input_ids, tree, num_prefix, num_logits)
+        return self._fit_vocabulary(logits).to(device)
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        # 1. roll the draft cache back to what it shares with the committed tokens; feed the rest
+        new_ids, prefix = self._new_tokens(input_ids), input_ids
+        no_nodes = TokenTree.chain(0, input_ids.device)
         tokens, probs = [], []
         # 2. draft one token per forward
         for _ in range(max_tokens):
-            position = self._cache.get_seq_length()
-            positions = torch.arange(position, position + len(new_ids), device=device)[None]
-            logits = self.draft_model(
-                input_ids=new_ids[None], past_key_values=self._cache, position_ids=positions, use_cache=True,
-                logits_to_keep=1,
-            ).logits[0, -1:]
-            logits = self._fit_vocabulary(logits).to(input_ids.device)
-            scores = process_logits(self.logits_processor, prefix, prefix[0, :0], logits)
+            logits = self._logits(new_ids[None], no_nodes, prefix.shape[1], 1, input_ids.device)
+            scores = process_logits(self.logits_processor, [prefix], logits)
             if self.do_sample:
                 probs.append(torch.softmax(scores[0], dim=-1))
                 token = sample(probs[-1], self.generator)
             else:
                 token = scores[0].argmax()
             tokens.append(token)
-            new_ids = token[None].to(device)
+            new_ids = token[None].to(self.draft_model.device)
             prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
         # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
         self._cached_ids = prefix[0, : self._cache.get_seq_length()]

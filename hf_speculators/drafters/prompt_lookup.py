@@ -2,6 +2,7 @@
 
 import torch
 
+from ..tree import trie_from_sequences
 from ..types import Draft
 from .base import Drafter
 
@@ -18,6 +19,11 @@ class PromptLookupDrafter(Drafter):
     a copy that reaches the end of the text continues with its own draft tokens (a repeating pattern keeps
     repeating), so a recent match still yields a full draft.
 
+    With `num_candidates=m > 1` the draft is a token tree: the continuations of up to m earlier occurrences
+    (the longest n-gram's occurrences in the order of `prefer`, then those of shorter n-grams) merged into one trie,
+    so continuations that agree share nodes and the target checks all of them in one forward. With the default
+    `num_candidates=1` the draft is the chain described above.
+
     The n-gram index maps every n-gram to the positions that followed it and is updated incrementally with the
     tokens committed since the last step, so a step costs O(max_ngram_size) lookups, not a rescan of the text.
     The draft is deterministic (`draft_probs=None`).
@@ -27,15 +33,19 @@ class PromptLookupDrafter(Drafter):
         max_ngram_size (`int`, defaults to 3): longest suffix n-gram tried.
         min_ngram_size (`int`, defaults to 1): shortest suffix n-gram tried.
         prefer (`str`, defaults to `"latest"`): which earlier occurrence to continue, `"latest"` or `"earliest"`.
+        num_candidates (`int`, defaults to 1): how many continuations to merge into a tree (1: a chain).
 
     Raises:
-        `ValueError`: for sizes below 1, `min_ngram_size > max_ngram_size`, or an unknown `prefer`.
+        `ValueError`: for sizes or `num_candidates` below 1, `min_ngram_size > max_ngram_size`, or an unknown `prefer`.
     """
 
     name = "prompt-lookup"
 
-    def __init__(self, num_draft_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1, prefer: str = "latest"):
+    def __init__(self, num_draft_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1,
+                 prefer: str = "latest", num_candidates: int = 1):
         super().__init__(num_draft_tokens)
+        if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or num_candidates < 1:
+            raise ValueError(f"num_candidates must be an integer >= 1, got {num_candidates!r}.")
         if not 1 <= min_ngram_size <= max_ngram_size:
             raise ValueError(
                 f"Need 1 <= min_ngram_size <= max_ngram_size, got min_ngram_size={min_ngram_size}, "
@@ -46,6 +56,7 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram_size = max_ngram_size
         self.min_ngram_size = min_ngram_size
         self.prefer = prefer
+        self.num_candidates = num_candidates
         self.eos_token_ids: set[int] = set()
         self._reset_index()
 
@@ -69,14 +80,17 @@ class PromptLookupDrafter(Drafter):
             for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):
                 self._followers.setdefault(tuple(self._tokens[position - size : position]), []).append(position)
 
-    def _continuation(self, max_tokens: int) -> list[int]:
-        tokens = self._tokens
+    def _match_starts(self) -> list[int]:
+        """Up to `num_candidates` positions whose continuation to copy, the best match first."""
+        tokens, starts = self._tokens, []
         for size in range(min(self.max_ngram_size, len(tokens)), self.min_ngram_size - 1, -1):
-            positions = self._followers.get(tuple(tokens[-size:]))
-            if positions:
-                start = positions[-1] if self.prefer == "latest" else positions[0]
-                return self._copy_from(start, max_tokens)
-        return []
+            positions = self._followers.get(tuple(tokens[-size:]), [])
+            for start in reversed(positions) if self.prefer == "latest" else positions:
+                if len(starts) == self.num_candidates:
+                    return starts
+                if start not in starts:
+                    starts.append(start)
+        return starts
 
     def _copy_from(self, start: int, max_tokens: int) -> list[int]:
         """The `max_tokens` tokens that followed position `start`, continued through the draft itself.
@@ -89,17 +103,19 @@ class PromptLookupDrafter(Drafter):
             draft.append(tokens[source] if source < len(tokens) else draft[source - len(tokens)])
         return draft
 
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        self._update_index(input_ids)
-        continuation = self._continuation(max_tokens)
+    def _cut_after_eos(self, continuation: list[int]) -> list[int]:
         for i, token in enumerate(continuation):
             if token in self.eos_token_ids:
-                continuation = continuation[: i + 1]
-                break
-        return Draft.chain(torch.tensor(continuation, dtype=torch.long, device=input_ids.device))
+                return continuation[: i + 1]
+        return continuation
+
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        self._update_index(input_ids)
+        continuations = [self._cut_after_eos(self._copy_from(start, max_tokens)) for start in self._match_starts()]
+        return Draft.from_lists(*trie_from_sequences(continuations), device=input_ids.device)
 
     def __repr__(self) -> str:
         return (
             f"PromptLookupDrafter(num_draft_tokens={self.num_draft_tokens}, max_ngram_size={self.max_ngram_size}, "
-            f"min_ngram_size={self.min_ngram_size}, prefer={self.prefer!r})"
+            f"min_ngram_size={self.min_ngram_size}, prefer={self.prefer!r}, num_candidates={self.num_candidates})"
         )

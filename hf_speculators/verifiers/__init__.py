@@ -1,12 +1,16 @@
 """Verifiers and their registry: `verifier=` takes a name from `VERIFIERS` or a `Verifier` object."""
 
-from .base import Verifier
+from .base import NodewiseVerifier, Verifier
 from .exact import ExactVerifier
 from .rejection import RejectionVerifier
+from .top_k import TopKVerifier
+from .typical import TypicalVerifier
 
 VERIFIERS: dict[str, type[Verifier]] = {
     ExactVerifier.name: ExactVerifier,
     RejectionVerifier.name: RejectionVerifier,
+    TypicalVerifier.name: TypicalVerifier,
+    TopKVerifier.name: TopKVerifier,
 }
 
 
@@ -14,8 +18,8 @@ def resolve_verifier(verifier: "str | Verifier | None", do_sample: bool) -> Veri
     """Returns the verifier for a generate call and checks that it serves the decoding mode.
 
     Args:
-        verifier: a name from `VERIFIERS`, a `Verifier` object, or `None` for the default (`"exact"` for greedy
-            decoding, `"rejection"` for sampling).
+        verifier: a name from `VERIFIERS` (built with its default parameters), a `Verifier` object, or `None` for
+            the default (`"exact"` for greedy decoding, `"rejection"` for sampling).
         do_sample: whether the generate call samples.
 
     Raises:
@@ -34,4 +38,7 @@ def resolve_verifier(verifier: "str | Verifier | None", do_sample: bool) -> Veri
     return verifier
 
 
-__all__ = ["VERIFIERS", "ExactVerifier", "RejectionVerifier", "Verifier", "resolve_verifier"]
+__all__ = [
+    "VERIFIERS", "ExactVerifier", "NodewiseVerifier", "RejectionVerifier", "TopKVerifier", "TypicalVerifier",
+    "Verifier", "resolve_verifier",
+]

@@ -2,6 +2,7 @@
 
 import torch
 
+from ..sampling import sample
 from ..types import Draft, Verdict
 
 
@@ -10,8 +11,9 @@ class Verifier:
 
     A verifier never sees a model: it is called as `verifier(draft, target_scores, do_sample=..., generator=...)`
     where `target_scores` is a `torch.FloatTensor` of shape `(num_nodes + 1, vocab_size)` holding the target's
-    scores after the generate call's logits processors and warpers; row i scores the token after the path to
-    node i - 1 (row 0: after the last committed token; the last row: after the last node of a chain).
+    scores after the generate call's logits processors and warpers; row 0 scores the token after the last
+    committed token and row i + 1 the token after node i (for a chain: after the first i + 1 draft tokens).
+    It returns the accepted root-to-leaf path of the draft (a prefix, for a chain) and the next token.
 
     Attributes:
         name (`str`): the name `verifier=` accepts.
@@ -31,3 +33,34 @@ class Verifier:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class NodewiseVerifier(Verifier):
+    """A verifier that judges every node on its own and keeps the deepest path of accepted nodes.
+
+    Node i is judged by `accepts` from its token and the target's scores after its parent (row
+    `parent_ids[i] + 1`). The kept path is the deepest one on which every node is accepted; the next token is the
+    target's argmax after it under greedy decoding, or a sample from the target's distribution there when sampling.
+    """
+
+    def accepts(self, token_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.BoolTensor:
+        """Whether each draft token is acceptable on its own.
+
+        Args:
+            token_ids (`torch.LongTensor` of shape `(num_nodes,)`): the draft tokens.
+            scores (`torch.FloatTensor` of shape `(num_nodes, vocab_size)`): row i, the target's processed scores
+                of the token at node i's place (after its parent).
+
+        Returns:
+            `torch.BoolTensor` of shape `(num_nodes,)`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement accepts(token_ids, scores)")
+
+    def __call__(
+        self, draft: Draft, target_scores: torch.FloatTensor, *, do_sample: bool, generator: torch.Generator | None
+    ) -> Verdict:
+        node_accepted = self.accepts(draft.token_ids, target_scores[draft.parent_ids + 1])  # [num_nodes]
+        accepted_nodes = draft.tree.longest_path(node_accepted)
+        scores = target_scores[int(accepted_nodes[-1]) + 1 if len(accepted_nodes) else 0]  # [vocab]
+        next_token = sample(torch.softmax(scores, dim=-1), generator) if do_sample else scores.argmax()
+        return Verdict(accepted_nodes=accepted_nodes, next_token=next_token)

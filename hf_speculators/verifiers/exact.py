@@ -2,15 +2,16 @@
 
 import torch
 
-from ..types import Draft, Verdict
-from .base import Verifier
+from .base import NodewiseVerifier
 
 
-class ExactVerifier(Verifier):
-    """Accepts the longest prefix of the draft that equals the target's argmax at each position.
+class ExactVerifier(NodewiseVerifier):
+    """Accepts the longest draft path on which every token is the target's argmax.
 
-    The output is token for token the output of `model.generate(do_sample=False)` (speculative greedy decoding,
-    Leviathan et al. 2023, Section 2). The next token is the target's argmax after the accepted prefix.
+    For a chain this is the longest prefix equal to the target's greedy tokens (speculative greedy decoding,
+    Leviathan et al. 2023, Section 2); for a token tree, the deepest root-to-leaf path whose every node is the
+    target's argmax after its parent (SpecInfer, Miao et al. 2024). The next token is the target's argmax after
+    the accepted path, so the output is token for token the output of `model.generate(do_sample=False)`.
 
     Raises:
         `ValueError`: at the start of a generate call with `do_sample=True` (use `verifier="rejection"`).
@@ -26,11 +27,5 @@ class ExactVerifier(Verifier):
                 "verifier='rejection' (lossless speculative sampling), or set do_sample=False."
             )
 
-    def __call__(
-        self, draft: Draft, target_scores: torch.FloatTensor, *, do_sample: bool, generator: torch.Generator | None
-    ) -> Verdict:
-        target_tokens = target_scores.argmax(-1)  # [num_nodes + 1]
-        matches = (draft.token_ids == target_tokens[:-1]).long()
-        num_accepted = int(matches.cumprod(0).sum())
-        accepted_nodes = torch.arange(num_accepted, device=target_tokens.device)
-        return Verdict(accepted_nodes=accepted_nodes, next_token=target_tokens[num_accepted])
+    def accepts(self, token_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.BoolTensor:
+        return token_ids == scores.argmax(-1)

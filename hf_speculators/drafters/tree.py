@@ -1,0 +1,191 @@
+"""Token-tree drafting with a draft model: a static tree of child ranks (Medusa) or a dynamic tree (EAGLE-2)."""
+
+from collections.abc import Sequence
+
+import torch
+
+from ..cache import check_tree_support, truncate
+from ..sampling import process_logits
+from ..tree import TokenTree, tree_from_paths
+from ..types import Draft
+from .draft_model import DraftModelDrafter
+
+
+class _Nodes:
+    """The nodes drafted so far in one step: token, parent and cumulative draft log-probability of each."""
+
+    def __init__(self):
+        self.token_ids: list[int] = []
+        self.parent_ids: list[int] = []
+        self.log_probs: list[float] = []  # log q of the whole path from the root to the node
+
+    def add(self, parent: int, token: int, log_prob: float) -> int:
+        """Adds a child of `parent` (-1: the root) whose token has draft log-probability `log_prob`; returns its index."""
+        self.token_ids.append(token)
+        self.parent_ids.append(parent)
+        self.log_probs.append(log_prob + (self.log_probs[parent] if parent >= 0 else 0.0))
+        return len(self.token_ids) - 1
+
+    def prefixes(self, input_ids: torch.LongTensor, nodes: list[int]):
+        """Lazily, for each of `nodes`, `input_ids` `(1, length)` followed by the tokens on its path."""
+        tree = TokenTree(torch.tensor(self.parent_ids, dtype=torch.long, device=input_ids.device))
+        yield from tree.prefixes(input_ids, torch.tensor(self.token_ids, device=input_ids.device), nodes)
+
+    def draft(self, keep: list[int], device) -> Draft:
+        """The draft of the nodes `keep` (ascending, closed under parents), renumbered from 0."""
+        index = {node: i for i, node in enumerate(keep)}
+        parent_ids = [index[self.parent_ids[node]] if self.parent_ids[node] >= 0 else -1 for node in keep]
+        return Draft.from_lists([self.token_ids[node] for node in keep], parent_ids, device)
+
+
+class StaticTree:
+    """A fixed tree shape given as Medusa-style paths of child ranks (Cai et al. 2024).
+
+    `(0,)` is the draft model's most likely token after the committed text, `(1,)` its second most likely, `(0, 0)`
+    the most likely token after `(0,)`, and so on; every prefix of a path must be a path. Example, 6 nodes:
+    `StaticTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])`.
+
+    Args:
+        paths (`Sequence[tuple[int, ...]]`): the paths, in any order.
+
+    Raises:
+        `ValueError`: for a malformed tree (see `tree_from_paths`).
+    """
+
+    def __init__(self, paths: Sequence[Sequence[int]]):
+        self.paths = [tuple(path) for path in paths]
+        self.parent_ids, self.ranks = tree_from_paths(self.paths)
+        self.depth = max(len(path) for path in self.paths)
+        self._depths = sorted(len(path) - 1 for path in self.paths)  # node order is breadth first
+        self._has_children = {parent for parent in self.parent_ids if parent >= 0}
+
+    def expand(self, nodes: _Nodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
+        """Adds the tree's nodes at `depth`, the children of the `frontier` nodes whose rows are `log_probs`."""
+        new = [node for node in range(len(self.parent_ids)) if self._depths[node] == depth]
+        top_log_probs, top_tokens = (x.tolist() for x in log_probs.topk(max(self.ranks[n] for n in new) + 1, dim=-1))
+        for node in new:
+            row, rank = frontier.index(self.parent_ids[node]), self.ranks[node]
+            nodes.add(self.parent_ids[node], top_tokens[row][rank], top_log_probs[row][rank])
+        return new
+
+    def next_frontier(self, nodes: _Nodes, new: list[int]) -> list[int]:
+        """The new nodes that have children in the tree."""
+        return [node for node in new if node in self._has_children]
+
+    def select(self, nodes: _Nodes) -> list[int]:
+        """Every node drafted."""
+        return list(range(len(nodes.token_ids)))
+
+    def __repr__(self) -> str:
+        return f"StaticTree({self.paths})"
+
+
+class DynamicTree:
+    """A tree grown where the draft model is confident (EAGLE-2, Li et al. 2024, Section 4).
+
+    Expansion: at each depth the `top_k` nodes of highest cumulative draft probability (the product of the draft
+    probabilities on their path) are expanded with their `top_k` most likely tokens. Reranking: of all nodes
+    drafted, the `num_nodes` of highest cumulative probability form the draft; a node's probability is never above
+    its parent's, so the selection is a tree.
+
+    Args:
+        depth (`int`, defaults to 5): the longest path, >= 1.
+        top_k (`int`, defaults to 4): nodes expanded per depth and children per expanded node, >= 1.
+        num_nodes (`int`, defaults to 24): the node budget, >= 1.
+
+    Raises:
+        `ValueError`: for a value that is not an integer >= 1.
+    """
+
+    def __init__(self, depth: int = 5, top_k: int = 4, num_nodes: int = 24):
+        for name, value in (("depth", depth), ("top_k", top_k), ("num_nodes", num_nodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DynamicTree {name} must be an integer >= 1, got {value!r}.")
+        self.depth, self.top_k, self.num_nodes = depth, top_k, num_nodes
+
+    def expand(self, nodes: _Nodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
+        """Adds the `top_k` most likely children of every `frontier` node (rows of `log_probs`)."""
+        top_log_probs, top_tokens = (x.tolist() for x in log_probs.topk(self.top_k, dim=-1))
+        return [nodes.add(parent, token, log_prob) for parent, tokens, row in zip(frontier, top_tokens, top_log_probs)
+                for token, log_prob in zip(tokens, row)]
+
+    def next_frontier(self, nodes: _Nodes, new: list[int]) -> list[int]:
+        """The `top_k` new nodes of highest cumulative probability."""
+        return sorted(sorted(new, key=lambda node: -nodes.log_probs[node])[: self.top_k])
+
+    def select(self, nodes: _Nodes) -> list[int]:
+        """The `num_nodes` nodes of highest cumulative probability (ties: the earlier node), in node order."""
+        ranked = sorted(range(len(nodes.token_ids)), key=lambda node: -nodes.log_probs[node])
+        return sorted(ranked[: self.num_nodes])
+
+    def __repr__(self) -> str:
+        return f"DynamicTree(depth={self.depth}, top_k={self.top_k}, num_nodes={self.num_nodes})"
+
+
+class TreeDrafter(DraftModelDrafter):
+    """Drafts a token tree with a smaller causal LM: several candidates per depth, checked in one target forward.
+
+    The tree is a `StaticTree` (Medusa-style paths of child ranks, Cai et al. 2024) or a `DynamicTree` (EAGLE-2,
+    Li et al. 2024). Each depth costs one draft forward over the nodes expanded at that depth, scored with a tree
+    attention mask (SpecInfer, Miao et al. 2024), so a tree of depth d costs d draft forwards, as a chain of d
+    tokens does. The draft cache is handled as by `DraftModelDrafter`: it keeps the committed tokens across steps;
+    the tree's nodes are dropped from it after each draft.
+
+    Children are the draft model's most likely tokens after the call's logits processors and warpers, so the draft
+    is deterministic (`draft_probs=None`): under sampling, rejection verification treats each node as one-hot
+    (EAGLE's scheme), which is lossless.
+
+    Args:
+        draft_model (`PreTrainedModel`): a causal LM with the target's vocabulary and full-attention layers, on the
+            target's device.
+        tree (`StaticTree`, `DynamicTree` or a list of paths, defaults to `DynamicTree()`): the tree's shape; a list
+            of paths is a `StaticTree`.
+        draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): as for `DraftModelDrafter`.
+
+    Raises:
+        `ValueError`: for a malformed tree; at the start of generation, for a draft model of another vocabulary or
+            with sliding-window or linear-attention layers.
+    """
+
+    name = "draft-model-tree"
+
+    def __init__(self, draft_model, tree: "StaticTree | DynamicTree | Sequence[Sequence[int]] | None" = None,
+                 draft_tokenizer=None):
+        tree = DynamicTree() if tree is None else tree
+        self.tree = tree if isinstance(tree, (StaticTree, DynamicTree)) else StaticTree(tree)
+        super().__init__(draft_model, num_draft_tokens=self.tree.depth, draft_tokenizer=draft_tokenizer)
+
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+        check_tree_support(self._cache)
+        if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.vocab_size:
+            raise ValueError(f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary.")
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        num_committed, device = input_ids.shape[1], input_ids.device
+        nodes, fed, frontier = _Nodes(), [], [-1]  # fed: nodes in the draft cache after the committed tokens
+        # 1. roll the draft cache back to the committed tokens it holds; feed the rest: the root's logits
+        new_ids = self._new_tokens(input_ids)[None]
+        logits = self._logits(new_ids, TokenTree.chain(0, device), num_committed, 1, device)
+        num_depths = min(self.tree.depth, max_tokens)
+        for depth in range(num_depths):
+            # 2. children of the frontier nodes from their processed draft scores
+            scores = process_logits(self.logits_processor, nodes.prefixes(input_ids, frontier), logits)
+            new = self.tree.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth)
+            frontier = self.tree.next_frontier(nodes, new)
+            if depth + 1 == num_depths or not frontier:
+                break
+            # 3. one draft forward over the next frontier, each node attending to its fed ancestors
+            fed += frontier
+            fed_parents = [fed.index(nodes.parent_ids[node]) if nodes.parent_ids[node] >= 0 else -1 for node in fed]
+            fed_tree = TokenTree(torch.tensor(fed_parents, dtype=torch.long, device=device))
+            frontier_ids = torch.tensor([[nodes.token_ids[node] for node in frontier]], device=self.draft_model.device)
+            logits = self._logits(frontier_ids, fed_tree, num_committed, len(frontier), device)
+        # 4. drop the nodes from the draft cache: it holds the committed tokens, as DraftModelDrafter's after a step
+        truncate(self._cache, num_committed)
+        self._cached_ids = input_ids[0]
+        return nodes.draft(self.tree.select(nodes), device)
+
+    def __repr__(self) -> str:
+        return f"TreeDrafter({type(self.draft_model).__name__}, tree={self.tree!r})"
