@@ -9,6 +9,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
 
     question_id, prompt_index, category, method   which prompt (`prompt_index`: 0-based position in `prompts`)
     exact                                         whether the method is meant to reproduce plain greedy output
+                                                  (False under a relaxed verifier: typical, top_k)
     prompt_tokens, truncated                      prompt length in tokens after truncation; whether it was cut
     new_tokens, seconds, tokens_per_s             tokens generated, wall-clock seconds of the generate call
     identical_to_plain                            whether the generated ids equal plain greedy decoding's
@@ -37,12 +38,14 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
+from . import methods as speculative_methods
 from .decoding import generate
-from .drafters import DraftModelDrafter, PromptLookupDrafter
 from .metrics import SpeculativeStats
+from .verifiers import resolve_verifier
 
-METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "hf-assisted", "draft-model")
-DRAFT_MODEL_METHODS = ("hf-assisted", "draft-model")
+METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
+           "draft-model-tree")
+DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 # record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
@@ -265,17 +268,16 @@ def _check_methods(methods: Sequence[str], draft) -> list[str]:
     return chosen
 
 
-def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int) -> dict:
+def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int, verifier, tree_options) -> dict:
     """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
     if method == "hf-prompt-lookup":
         return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
-    if method == "prompt-lookup":
-        drafter = PromptLookupDrafter(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
-        return {"custom_generate": generate, "candidate_generator": drafter}
     if method == "hf-assisted":
         return {"assistant_model": draft}  # its number of tokens, schedule and threshold: _pinned_assistant_config
-    if method == "draft-model":
-        return {"custom_generate": generate, "candidate_generator": DraftModelDrafter(draft, num_draft_tokens)}
+    if method in speculative_methods.METHODS:
+        drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
+                                                   max_ngram_size=max_ngram_size, **tree_options)
+        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier}
     return {}
 
 
@@ -430,7 +432,7 @@ def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, pro
         "prompt_index": index,
         "category": prompt.category,
         "method": method,
-        "exact": True,  # greedy decoding: every method is meant to reproduce plain greedy output token for token
+        "exact": run.stats is None or run.stats.lossless,  # greedy: lossless methods must reproduce plain greedy
         "prompt_tokens": prompt_tokens,
         "truncated": truncated,
         "new_tokens": len(run.new_ids),
@@ -459,6 +461,10 @@ def run_benchmark(
     chat_template: bool = False,
     num_threads: int | None = 1,
     verbose: bool = True,
+    verifier: str | None = None,
+    num_candidates: int | None = None,
+    tree_top_k: int | None = None,
+    tree_nodes: int | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -468,9 +474,15 @@ def run_benchmark(
     - `"plain"`: `target.generate(do_sample=False)`, the baseline, always run.
     - `"hf-prompt-lookup"`: transformers' `prompt_lookup_num_tokens=num_draft_tokens`, `max_matching_ngram_size`.
     - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size=max_ngram_size)` via `custom_generate`.
+    - `"prompt-lookup-tree"`: the same with `num_candidates` continuations merged into a token tree.
     - `"hf-assisted"`: transformers' `assistant_model=draft` with `num_assistant_tokens=num_draft_tokens`, the
       `"constant"` schedule and confidence threshold 0 (pinned on `draft.generation_config`, restored after).
     - `"draft-model"`: `DraftModelDrafter(draft, num_draft_tokens)` via `custom_generate`.
+    - `"draft-model-tree"`: `TreeDrafter(draft, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
+      num_nodes=tree_nodes))` via `custom_generate` (EAGLE-2 dynamic tree).
+
+    Our four methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
+    `exact=False` and a differing output is not a mismatch.
 
     Args:
         target (`PreTrainedModel`): the causal LM whose greedy output every method must reproduce.
@@ -492,13 +504,16 @@ def run_benchmark(
             `None` leaves the setting alone.
         verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
             mismatches to stdout.
+        verifier (`str`, *optional*): a name from `VERIFIERS` for our methods; default `"exact"`.
+        num_candidates, tree_top_k, tree_nodes (`int`, *optional*): `"prompt-lookup-tree"`'s continuations and
+            `"draft-model-tree"`'s `DynamicTree(top_k, num_nodes)`; `None` keeps the defaults (4; 4 and 24).
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
         an exact method's output differed from plain greedy decoding (the CLI then exits non-zero).
 
     Raises:
-        `ValueError`: for an unknown method, a draft method without `draft`, no prompts, a size below 1
+        `ValueError`: for an unknown method or verifier, a draft method without `draft`, no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
@@ -511,10 +526,13 @@ def run_benchmark(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
+    verifier = resolve_verifier(verifier, do_sample=False)
+    tree_options = {"num_candidates": num_candidates, "tree_top_k": tree_top_k, "tree_nodes": tree_nodes}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
-                "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template}
+                "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
+                "verifier": repr(verifier), **tree_options}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size) for m in methods}
+    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size, verifier, tree_options) for m in methods}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:

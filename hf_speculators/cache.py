@@ -64,8 +64,7 @@ def keep_accepted(cache: Cache, accepted_nodes: torch.LongTensor, num_nodes: int
         num_nodes (`int`): the draft's number of nodes, all in the cache.
     """
     num_accepted = len(accepted_nodes)
-    in_place = torch.arange(num_accepted, device=accepted_nodes.device)
-    if not torch.equal(accepted_nodes, in_place):
+    if num_accepted and int(accepted_nodes[-1]) != num_accepted - 1:  # increasing node ids: a prefix ends at n - 1
         for layer in cache.layers:
             start = layer.keys.shape[-2] - num_nodes
             rows = start + accepted_nodes.to(layer.keys.device)

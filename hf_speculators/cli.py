@@ -1,4 +1,5 @@
-"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate."""
+"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate;
+`bench` compares methods on a prompt set; `sweep` measures the fidelity/acceptance trade-off of relaxed verifiers."""
 
 import argparse
 import sys
@@ -7,25 +8,55 @@ import time
 import torch
 from transformers import TextStreamer
 
+from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
 from .decoding import enable
-from .drafters import DraftModelDrafter, PromptLookupDrafter
 from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
+from .methods import METHODS, make_drafter
+from .sweep import (
+    DEFAULT_TOP_K_SETTINGS,
+    DEFAULT_TYPICAL_EPSILONS,
+    default_verifiers,
+    plot_sweep,
+    pyplot,
+    run_sweep,
+    sweep_table,
+)
 from .verifiers import VERIFIERS
-
-METHODS = ("draft-model", "prompt-lookup")
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> None:
     parser.add_argument("--model", default=DEMO_TARGET, help="target: local folder or Hub id (default: demo target)")
     parser.add_argument("--draft", default=DEMO_DRAFT, help="draft model: local folder or Hub id (default: demo draft)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step (k)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step (k); for tree methods the depth")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
+
+
+def _add_tree_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-candidates", type=int, default=None,
+                        help="prompt-lookup-tree: continuations merged into the trie (default 4)")
+    parser.add_argument("--tree-top-k", type=int, default=None,
+                        help="draft-model-tree: nodes expanded per depth and children per node (default 4)")
+    parser.add_argument("--tree-nodes", type=int, default=None, help="draft-model-tree: node budget (default 24)")
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _top_k_settings(text: str) -> list[tuple[int, float]]:
+    try:
+        return [(int(k), float(tolerance)) for k, tolerance in (item.split(":") for item in text.split(",") if item)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     _add_model_options(gen, threads=None)
     gen.add_argument("--method", choices=METHODS, default="draft-model")
-    gen.add_argument("--verification", choices=sorted(VERIFIERS), default=None,
+    _add_tree_options(gen)
+    gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                      help="default: exact for greedy decoding, rejection when sampling")
     gen.add_argument("--do-sample", action="store_true")
     gen.add_argument("--temperature", type=float, default=1.0)
@@ -50,17 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
     bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated: {','.join(BENCH_METHODS)}")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
+    _add_tree_options(bench)
+    bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
+                       help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
     bench.set_defaults(run=run_bench)
+
+    sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
+    sweep.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    _add_model_options(sweep, threads=1)
+    sweep.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
+    sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
+    _add_tree_options(sweep)
+    sweep.add_argument("--typical-epsilons", type=_float_list, default=list(DEFAULT_TYPICAL_EPSILONS),
+                       help="typical settings: epsilon values, delta = sqrt(epsilon) (comma-separated)")
+    sweep.add_argument("--top-k-settings", type=_top_k_settings, default=list(DEFAULT_TOP_K_SETTINGS),
+                       help="top_k settings: TOP_K:TOLERANCE pairs, tolerance in nats (comma-separated)")
+    sweep.add_argument("--out", default="bench_results/sweep.jsonl", help="JSONL records, one per (prompt, setting)")
+    sweep.add_argument("--plot", default="bench_results/sweep.png", help="where to save the figure (matplotlib)")
+    sweep.add_argument("--no-plot", action="store_true", help="print the table only")
+    sweep.set_defaults(run=run_sweep_command)
     return parser
 
 
-def make_drafter(method: str, num_draft_tokens: int | None, draft_model=None, draft_tokenizer=None):
-    """Builds the drafter for a CLI `--method`, with the drafter's own default k when `num_draft_tokens` is None."""
-    k = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
-    if method == "prompt-lookup":
-        return PromptLookupDrafter(**k)
-    return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer, **k)
+def _drafter(args, draft_model=None, draft_tokenizer=None):
+    """The drafter of `args.method` with the command's drafter options."""
+    return make_drafter(args.method, draft_model, num_draft_tokens=args.num_draft_tokens,
+                        num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
+                        draft_tokenizer=draft_tokenizer)
 
 
 def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, float]:
@@ -76,9 +125,9 @@ def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, flo
 def run_generate(args) -> int:
     tokenizer = load_tokenizer(args.model)
     target = enable(load_model(args.model, args.dtype, args.device))
-    draft = load_model(args.draft, args.dtype, args.device) if args.method == "draft-model" else None
+    draft = load_model(args.draft, args.dtype, args.device) if args.method in DRAFT_MODEL_METHODS else None
     draft_tokenizer = load_tokenizer(args.draft) if draft is not None else None
-    drafter = make_drafter(args.method, args.num_draft_tokens, draft, draft_tokenizer)
+    drafter = _drafter(args, draft, draft_tokenizer)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(args.device)
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
@@ -99,17 +148,37 @@ def run_generate(args) -> int:
 
 def run_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    needs_draft = any(m in ("hf-assisted", "draft-model") for m in methods)
+    needs_draft = any(m in DRAFT_MODEL_METHODS for m in methods)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
     target = load_model(args.model, args.dtype, args.device)
     draft = load_model(args.draft, args.dtype, args.device) if needs_draft else None
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
-        max_ngram_size=args.max_ngram_size, num_threads=args.threads,
+        max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification,
+        num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1
+
+
+def run_sweep_command(args) -> int:
+    if not args.no_plot:
+        pyplot()  # fail before the sweep, not after it, when matplotlib is missing
+    verifiers = default_verifiers(args.typical_epsilons, args.top_k_settings)
+    prompts = load_prompts(args.prompts, args.limit)
+    tokenizer = load_tokenizer(args.model)
+    target = load_model(args.model, args.dtype, args.device)
+    draft = load_model(args.draft, args.dtype, args.device) if args.method in DRAFT_MODEL_METHODS else None
+    drafter = _drafter(args, draft, load_tokenizer(args.draft) if draft is not None else None)
+    points = run_sweep(target, tokenizer, prompts, drafter, verifiers, args.max_new_tokens, args.out,
+                       num_threads=args.threads)
+    print(sweep_table(points))
+    print(f"records: {args.out}")
+    if not args.no_plot:
+        plot_sweep(points, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
 
 
 def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prompt_length: int, sampled: bool) -> None:
@@ -137,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, OSError) as error:
+    except (ValueError, FileNotFoundError, OSError, ImportError) as error:
         print(f"hf-speculators {args.command}: error: {error}", file=sys.stderr)
         return 2
 

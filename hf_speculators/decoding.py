@@ -75,9 +75,10 @@ class _SpeculativeDecoding:
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
         self.scores = [] if generation_config.output_scores else None
         self.raw_logits = [] if generation_config.output_logits else None
+        self.on_cuda = model.device.type == "cuda"  # model.device walks the parameters: read it once
 
     def _clock(self) -> float:
-        if self.model.device.type == "cuda":
+        if self.on_cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
 
@@ -116,21 +117,22 @@ class _SpeculativeDecoding:
         keep_accepted(self.cache, verdict.accepted_nodes, draft.num_nodes)
         # 6. commit token by token so that EOS, max length and stop strings cut exactly where plain generate would
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
-        rows = torch.cat([verdict.accepted_nodes.new_zeros(1), verdict.accepted_nodes + 1])  # the row scoring each
-        input_ids, committed, finished = self._commit(input_ids, new_tokens, scores[rows], logits[rows])
+        rows = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the row of scores of each new token
+        input_ids, committed, finished = self._commit(input_ids, new_tokens, rows, scores, logits)
         self.stats.verify_time += self._clock() - verify_start
         self.stats.record(draft.num_nodes, verdict.num_accepted, committed, depth=tree.depth)
         return input_ids, finished
 
-    def _commit(self, input_ids, new_tokens, scores, logits) -> tuple[torch.LongTensor, int, bool]:
+    def _commit(self, input_ids, new_tokens, rows, scores, logits) -> tuple[torch.LongTensor, int, bool]:
+        """Appends `new_tokens` one by one (token i scored by row `rows[i]`) until a stopping criterion is met."""
         finished = False
-        for i, token in enumerate(new_tokens):
+        for i, (token, row) in enumerate(zip(new_tokens, rows)):
             input_ids = torch.cat([input_ids, token.view(1, 1)], dim=-1)
             if self.scores is not None:
-                self.scores.append(scores[i : i + 1])
+                self.scores.append(scores[row : row + 1])
             if self.raw_logits is not None:
-                self.raw_logits.append(logits[i : i + 1].float())
-            if self.stopping_criteria(input_ids, scores[i : i + 1]).any():
+                self.raw_logits.append(logits[row : row + 1].float())
+            if self.stopping_criteria(input_ids, scores[row : row + 1]).any():
                 finished = True
                 break
         if self.streamer is not None:

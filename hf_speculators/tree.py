@@ -28,13 +28,13 @@ class TokenTree:
         if parent_ids.ndim != 1:
             raise ValueError(f"parent_ids must be 1D (num_nodes,), got shape {tuple(parent_ids.shape)}.")
         self.parent_ids = parent_ids
-        self.num_nodes = len(parent_ids)
-        node_ids = torch.arange(self.num_nodes, device=parent_ids.device)
-        self.is_chain = bool(torch.equal(parent_ids, node_ids - 1))
-        if not self.is_chain and not bool(((parent_ids >= -1) & (parent_ids < node_ids)).all()):
+        self.parents: list[int] = parent_ids.tolist()  # checked in Python: cheaper than tensor ops for small trees
+        self.num_nodes = len(self.parents)
+        self.is_chain = self.parents == list(range(-1, self.num_nodes - 1))
+        if not self.is_chain and not all(-1 <= parent < node for node, parent in enumerate(self.parents)):
             raise ValueError(
-                f"Malformed token tree: parent_ids={parent_ids.tolist()}. Each node's parent must be an earlier "
-                "node (parent_ids[i] < i) or -1 (the last committed token)."
+                f"Malformed token tree: parent_ids={self.parents}. Each node's parent must be an earlier node "
+                "(parent_ids[i] < i) or -1 (the last committed token)."
             )
 
     @classmethod
@@ -43,36 +43,35 @@ class TokenTree:
         return cls(torch.arange(-1, num_nodes - 1, device=device))
 
     @cached_property
-    def parents(self) -> list[int]:
-        """`parent_ids` as a Python list."""
-        return self.parent_ids.tolist()
-
-    @cached_property
     def ancestors(self) -> torch.BoolTensor:
         """`torch.BoolTensor` of shape `(num_nodes, num_nodes)`: `[i, j]` is True when node j is on the path to node i
         (node i included)."""
         n, device = self.num_nodes, self.parent_ids.device
         if self.is_chain:
             return torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        ancestors = torch.eye(n, dtype=torch.bool, device=device)
+        rows = []  # built in Python and converted once: one tensor op per node would cost more for small trees
         for node, parent in enumerate(self.parents):
-            if parent >= 0:
-                ancestors[node] |= ancestors[parent]
-        return ancestors
+            row = list(rows[parent]) if parent >= 0 else [False] * n
+            row[node] = True
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.bool).reshape(n, n).to(device)
+
+    @cached_property
+    def _depths(self) -> list[int]:
+        depths = []
+        for parent in self.parents:
+            depths.append(depths[parent] + 1 if parent >= 0 else 0)
+        return depths
 
     @cached_property
     def depths(self) -> torch.LongTensor:
         """`torch.LongTensor` of shape `(num_nodes,)`: 0 for a child of the last committed token, 1 for its children..."""
-        if self.is_chain:
-            return torch.arange(self.num_nodes, device=self.parent_ids.device)
-        return self.ancestors.sum(-1) - 1
+        return torch.tensor(self._depths, dtype=torch.long, device=self.parent_ids.device)
 
     @cached_property
     def depth(self) -> int:
         """Tokens on the longest root-to-leaf path (0 for an empty tree)."""
-        if self.is_chain or not self.num_nodes:
-            return self.num_nodes
-        return int(self.depths.max()) + 1
+        return max(self._depths, default=-1) + 1
 
     def children(self, node: int) -> list[int]:
         """The children of `node` (-1: of the last committed token), in node order."""
@@ -109,6 +108,8 @@ class TokenTree:
             `torch.LongTensor` of shape `(num_accepted,)`: the nodes of the path, root to leaf (empty if no child of
             the root is accepted).
         """
+        if self.is_chain:  # the accepted prefix, with one sync
+            return torch.arange(int(node_accepted.long().cumprod(0).sum()), device=self.parent_ids.device)
         path_accepted = ~(self.ancestors & ~node_accepted[None]).any(-1)  # [num_nodes]
         if not bool(path_accepted.any()):
             return self.parent_ids.new_empty(0)
@@ -132,7 +133,7 @@ class TokenTree:
         positions = torch.arange(num_prefix + self.num_nodes - num_query, num_prefix + self.num_nodes,
                                  device=self.parent_ids.device)
         num_node_queries = min(num_query, self.num_nodes)
-        if num_node_queries:
+        if num_node_queries and not self.is_chain:  # a chain's nodes are at consecutive positions already
             positions[-num_node_queries:] = num_prefix + self.depths[self.num_nodes - num_node_queries :]
         return positions[None]
 

@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 
 from hf_speculators import benchmark  # noqa: E402
 from hf_speculators.benchmark import METHODS, Prompt, load_prompts, run_benchmark, summarize  # noqa: E402
+from hf_speculators.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
 PROMPTS = [
@@ -166,7 +167,7 @@ def test_jsonl_records(run, target):
         assert r["new_tokens"] == NEW_TOKENS and r["seconds"] > 0 and not r["truncated"]
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
         assert 0 < r["forward_seconds"] < r["seconds"]
-        has_stats = r["method"] in ("prompt-lookup", "draft-model")
+        has_stats = r["method"] in SPECULATIVE_METHODS
         assert (r["mean_acceptance_length"] is not None) == has_stats
         assert (r["lossless"] is True) if has_stats else r["lossless"] is None
     plain = [r for r in lines if r["method"] == "plain"]

@@ -45,4 +45,4 @@ class TopKVerifier(NodewiseVerifier):
         return (rank < self.top_k) & (gap <= self.accept_tolerance)
 
     def __repr__(self) -> str:
-        return f"TopKVerifier(top_k={self.top_k}, accept_tolerance={self.accept_tolerance})"
+        return f"TopKVerifier(top_k={self.top_k}, accept_tolerance={self.accept_tolerance:g})"

@@ -45,4 +45,4 @@ class TypicalVerifier(NodewiseVerifier):
         return probs.gather(-1, token_ids[:, None])[:, 0] > threshold
 
     def __repr__(self) -> str:
-        return f"TypicalVerifier(epsilon={self.epsilon}, delta={self.delta})"
+        return f"TypicalVerifier(epsilon={self.epsilon:g}, delta={self.delta:.4g})"

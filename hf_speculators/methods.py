@@ -1,0 +1,49 @@
+"""The named speculative methods of the command line and the benchmark, and the drafter each one builds."""
+
+from .drafters import DraftModelDrafter, Drafter, DynamicTree, PromptLookupDrafter, TreeDrafter
+
+METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree")
+DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
+TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
+
+
+def _given(**options) -> dict:
+    """The options that are not `None`: the others keep the drafter's own defaults."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def make_drafter(
+    method: str,
+    draft_model=None,
+    *,
+    num_draft_tokens: int | None = None,
+    max_ngram_size: int | None = None,
+    num_candidates: int | None = None,
+    tree_top_k: int | None = None,
+    tree_nodes: int | None = None,
+    draft_tokenizer=None,
+) -> Drafter:
+    """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
+
+    - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size)`, a chain.
+    - `"prompt-lookup-tree"`: the same with `num_candidates` continuations in one trie (default 4).
+    - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
+    - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
+      num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
+
+    Raises:
+        `ValueError`: an unknown method, a draft-model method without `draft_model`, or an invalid option.
+    """
+    if method not in METHODS:
+        raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
+    if method in DRAFT_MODEL_METHODS and draft_model is None:
+        raise ValueError(f"Method {method!r} needs a draft model.")
+    if method == "prompt-lookup":
+        return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size))
+    if method == "prompt-lookup-tree":
+        return PromptLookupDrafter(num_candidates=num_candidates or TREE_NUM_CANDIDATES,
+                                   **_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size))
+    if method == "draft-model":
+        return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer, **_given(num_draft_tokens=num_draft_tokens))
+    tree = DynamicTree(**_given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes))
+    return TreeDrafter(draft_model, tree, draft_tokenizer=draft_tokenizer)
