@@ -29,7 +29,8 @@ from .verifiers import VERIFIERS
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> None:
     parser.add_argument("--model", default=DEMO_TARGET, help="target: local folder or Hub id (default: demo target)")
     parser.add_argument("--draft", default=DEMO_DRAFT, help="draft model: local folder or Hub id (default: demo draft)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step (k); for tree methods the depth")
+    parser.add_argument("--num-draft-tokens", type=int, default=None,
+                        help="draft tokens per step (k); for tree methods the depth")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu")

@@ -94,7 +94,7 @@ class _SpeculativeDecoding:
         self.stats.verify_time += self._clock() - start
 
     def step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, bool]:
-        """One speculative step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
+        """One step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
         # 1. draft, no deeper than the length budget leaves room for (the next token takes one place)
         start = self._clock()
         budget = min(self.drafter.num_draft_tokens, self.generation_config.max_length - input_ids.shape[1] - 1)

@@ -44,6 +44,7 @@ def make_drafter(
         return PromptLookupDrafter(num_candidates=num_candidates or TREE_NUM_CANDIDATES,
                                    **_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size))
     if method == "draft-model":
-        return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer, **_given(num_draft_tokens=num_draft_tokens))
+        return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer,
+                                 **_given(num_draft_tokens=num_draft_tokens))
     tree = DynamicTree(**_given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes))
     return TreeDrafter(draft_model, tree, draft_tokenizer=draft_tokenizer)

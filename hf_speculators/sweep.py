@@ -159,7 +159,8 @@ def run_sweep(
                     _record(index, verifier, run, exact_ids, _log_likelihood(target, input_ids, run.new_ids)))
     if out_path is not None:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(out_path).write_text("".join(json.dumps(r) + "\n" for rs in records.values() for r in rs), encoding="utf-8")
+        lines = [json.dumps(record) + "\n" for runs in records.values() for record in runs]
+        Path(out_path).write_text("".join(lines), encoding="utf-8")
     exact = _point(records[verifiers[0]], None)
     return [exact] + [_point(records[v], exact.log_likelihood) for v in verifiers[1:]]
 

@@ -65,7 +65,7 @@ class TokenTree:
 
     @cached_property
     def depths(self) -> torch.LongTensor:
-        """`torch.LongTensor` of shape `(num_nodes,)`: 0 for a child of the last committed token, 1 for its children..."""
+        """`torch.LongTensor` of shape `(num_nodes,)`: 0 for a child of the last committed token, 1 for its children."""
         return torch.tensor(self._depths, dtype=torch.long, device=self.parent_ids.device)
 
     @cached_property
@@ -185,7 +185,9 @@ def tree_from_paths(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int
     normalized = []
     for path in paths:
         if len(path) == 0 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
-            raise ValueError(f"Malformed tree path {path!r}: a path is a non-empty tuple of child ranks (integers >= 0).")
+            raise ValueError(
+                f"Malformed tree path {path!r}: a path is a non-empty tuple of child ranks (integers >= 0)."
+            )
         normalized.append(tuple(path))
     if len(set(normalized)) != len(normalized):
         raise ValueError(f"Malformed tree: repeated paths in {list(paths)!r}.")

@@ -41,7 +41,8 @@ class Draft:
             )
         if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.token_ids):
             raise ValueError(
-                f"draft_probs needs one row per node ({len(self.token_ids)}), got shape {tuple(self.draft_probs.shape)}."
+                f"draft_probs needs one row per node ({len(self.token_ids)} rows), got shape "
+                f"{tuple(self.draft_probs.shape)}."
             )
 
     @classmethod

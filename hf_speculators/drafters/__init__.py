@@ -11,4 +11,6 @@ DRAFTERS: dict[str, type[Drafter]] = {
     TreeDrafter.name: TreeDrafter,
 }
 
-__all__ = ["DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "PromptLookupDrafter", "StaticTree", "TreeDrafter"]
+__all__ = [
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "PromptLookupDrafter", "StaticTree", "TreeDrafter",
+]

@@ -20,7 +20,7 @@ class _Nodes:
         self.log_probs: list[float] = []  # log q of the whole path from the root to the node
 
     def add(self, parent: int, token: int, log_prob: float) -> int:
-        """Adds a child of `parent` (-1: the root) whose token has draft log-probability `log_prob`; returns its index."""
+        """Adds a child of `parent` (-1: the root) with draft log-probability `log_prob`; returns its index."""
         self.token_ids.append(token)
         self.parent_ids.append(parent)
         self.log_probs.append(log_prob + (self.log_probs[parent] if parent >= 0 else 0.0))
@@ -29,7 +29,8 @@ class _Nodes:
     def prefixes(self, input_ids: torch.LongTensor, nodes: list[int]):
         """Lazily, for each of `nodes`, `input_ids` `(1, length)` followed by the tokens on its path."""
         tree = TokenTree(torch.tensor(self.parent_ids, dtype=torch.long, device=input_ids.device))
-        yield from tree.prefixes(input_ids, torch.tensor(self.token_ids, device=input_ids.device), nodes)
+        token_ids = torch.tensor(self.token_ids, dtype=torch.long, device=input_ids.device)
+        yield from tree.prefixes(input_ids, token_ids, nodes)
 
     def draft(self, keep: list[int], device) -> Draft:
         """The draft of the nodes `keep` (ascending, closed under parents), renumbered from 0."""
@@ -159,7 +160,9 @@ class TreeDrafter(DraftModelDrafter):
         super().prepare(target, generation_config, logits_processor, generator, tokenizer)
         check_tree_support(self._cache)
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.vocab_size:
-            raise ValueError(f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary.")
+            raise ValueError(
+                f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary."
+            )
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:

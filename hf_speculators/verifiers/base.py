@@ -59,7 +59,8 @@ class NodewiseVerifier(Verifier):
     def __call__(
         self, draft: Draft, target_scores: torch.FloatTensor, *, do_sample: bool, generator: torch.Generator | None
     ) -> Verdict:
-        parent_scores = target_scores[:-1] if draft.is_chain else target_scores[draft.parent_ids + 1]  # [num_nodes, vocab]
+        # [num_nodes, vocab]: the scores each node is judged by, the target's after its parent
+        parent_scores = target_scores[:-1] if draft.is_chain else target_scores[draft.parent_ids + 1]
         node_accepted = self.accepts(draft.token_ids, parent_scores)  # [num_nodes]
         accepted_nodes = draft.tree.longest_path(node_accepted)
         scores = target_scores[int(accepted_nodes[-1]) + 1 if len(accepted_nodes) else 0]  # [vocab]
