@@ -38,6 +38,11 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> 
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
 
 
+def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    parser.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
+
+
 def _add_tree_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-candidates", type=int, default=None,
                         help="prompt-lookup-tree: continuations merged into the trie (default 4)")
@@ -78,9 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=run_generate)
 
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
-    bench.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    _add_prompt_options(bench)
     _add_model_options(bench, threads=1)
-    bench.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
     bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated: {','.join(BENCH_METHODS)}")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
     _add_tree_options(bench)
@@ -90,9 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=run_bench)
 
     sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
-    sweep.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1)
-    sweep.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
     sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
     _add_tree_options(sweep)
     sweep.add_argument("--typical-epsilons", type=_float_list, default=list(DEFAULT_TYPICAL_EPSILONS),

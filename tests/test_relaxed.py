@@ -6,9 +6,7 @@ import math
 
 import pytest
 import torch
-from tree_helpers import VOCAB_SIZE, noisy_copy, plain_greedy, prompt, speculative, tiny_model
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tree_helpers import VOCAB_SIZE, noisy_copy, plain_greedy, prompt, speculative, tiny_model, word_tokenizer
 
 import hf_speculators as hs
 from hf_speculators.benchmark import run_benchmark
@@ -163,10 +161,7 @@ def test_relaxed_accepts_more_than_exact(target, draft):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="[UNK]")
+    return word_tokenizer(WORDS)
 
 
 PROMPTS = ["the cat sat on a mat and the cat sat on", "dog ran to park with ball then dog ran to"]

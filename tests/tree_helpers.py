@@ -7,12 +7,14 @@ import torch
 # Before any model runs: on the 2-core shared test machines more threads make every forward much slower.
 torch.set_num_threads(1)
 
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
+    PreTrainedTokenizerFast,
     Qwen2Config,
 )
 
@@ -61,6 +63,14 @@ def noisy_copy(model, scale: float = 0.5, seed: int = 1):
             noise = torch.randn(parameter.shape, generator=generator)
             parameter.add_(scale * parameter.std() * noise)
     return noisy
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer: ids 0, 1, 2 are [UNK], <s>, </s>, then `words`."""
+    vocab = {token: i for i, token in enumerate(["[UNK]", "<s>", "</s>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="[UNK]")
 
 
 def prompt(length: int = 10, seed: int = 0) -> torch.LongTensor:
