@@ -1,5 +1,6 @@
 """hf_speculators: speculative decoding inside transformers' `model.generate()`."""
 
+from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import DRAFTERS, DraftModelDrafter, Drafter, PromptLookupDrafter
 from .metrics import SpeculativeStats
@@ -17,6 +18,7 @@ __all__ = [
     "ExactVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",
+    "SpeculativeConfig",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "Verdict",

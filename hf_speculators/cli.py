@@ -1,4 +1,5 @@
-"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate."""
+"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate,
+`bench` compares methods, `presets` lists the bundled presets."""
 
 import argparse
 import sys
@@ -9,17 +10,23 @@ from transformers import TextStreamer
 
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
+from .config import SpeculativeConfig
 from .decoding import enable
-from .drafters import DraftModelDrafter, PromptLookupDrafter
+from .drafters import DRAFTERS
 from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
+from .presets import bundled_presets
 from .verifiers import VERIFIERS
 
-METHODS = ("draft-model", "prompt-lookup")
+DEFAULT_PRESET = "demo-draft-model"
 
 
-def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> None:
-    parser.add_argument("--model", default=DEMO_TARGET, help="target: local folder or Hub id (default: demo target)")
-    parser.add_argument("--draft", default=DEMO_DRAFT, help="draft model: local folder or Hub id (default: demo draft)")
+def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
+    """Options shared by the commands. With `from_preset`, unset --model and --draft keep the preset's values."""
+    model_help, draft_help = ("the preset's", "the preset's") if from_preset else ("the demo target", "the demo draft")
+    parser.add_argument("--model", default=None if from_preset else DEMO_TARGET,
+                        help=f"target: local folder or Hub id (default: {model_help})")
+    parser.add_argument("--draft", default=None if from_preset else DEMO_DRAFT,
+                        help=f"draft model: local folder or Hub id (default: {draft_help})")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft tokens per step (k)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -28,15 +35,18 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> 
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-speculators", description="Speculative decoding for transformers.")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _add_generate(commands) -> None:
     gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
     gen.add_argument("prompt")
-    _add_model_options(gen, threads=None)
-    gen.add_argument("--method", choices=METHODS, default="draft-model")
+    gen.add_argument("--preset", default=DEFAULT_PRESET,
+                     help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
+                          "the flags below override its settings")
+    _add_model_options(gen, threads=None, from_preset=True)
+    gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
+    gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
+    gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
     gen.add_argument("--verification", choices=sorted(VERIFIERS), default=None,
-                     help="default: exact for greedy decoding, rejection when sampling")
+                     help="default: the preset's, else exact for greedy decoding and rejection when sampling")
     gen.add_argument("--do-sample", action="store_true")
     gen.add_argument("--temperature", type=float, default=1.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -44,23 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(run=run_generate)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-speculators", description="Speculative decoding for transformers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
     bench.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
-    _add_model_options(bench, threads=1)
+    _add_model_options(bench, threads=1, from_preset=False)
     bench.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
     bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated: {','.join(BENCH_METHODS)}")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
     bench.set_defaults(run=run_bench)
+
+    presets = commands.add_parser("presets", help="list the bundled presets (model cards)")
+    presets.set_defaults(run=run_presets)
     return parser
 
 
-def make_drafter(method: str, num_draft_tokens: int | None, draft_model=None, draft_tokenizer=None):
-    """Builds the drafter for a CLI `--method`, with the drafter's own default k when `num_draft_tokens` is None."""
-    k = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
-    if method == "prompt-lookup":
-        return PromptLookupDrafter(**k)
-    return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer, **k)
+def config_from_args(args) -> SpeculativeConfig:
+    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`)."""
+    flags = {
+        "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
+        "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
+        "target_model": args.model,
+    }
+    config = SpeculativeConfig.from_pretrained(args.preset)
+    return config.override(**{name: value for name, value in flags.items() if value is not None})
 
 
 def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, float]:
@@ -74,16 +96,16 @@ def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, flo
 
 
 def run_generate(args) -> int:
-    tokenizer = load_tokenizer(args.model)
-    target = enable(load_model(args.model, args.dtype, args.device))
-    draft = load_model(args.draft, args.dtype, args.device) if args.method == "draft-model" else None
-    draft_tokenizer = load_tokenizer(args.draft) if draft is not None else None
-    drafter = make_drafter(args.method, args.num_draft_tokens, draft, draft_tokenizer)
+    config = config_from_args(args)
+    target_name = config.target_model or DEMO_TARGET
+    tokenizer = load_tokenizer(target_name)
+    target = enable(load_model(target_name, args.dtype, args.device))
+    drafter, verifier = config.build(target, tokenizer)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(args.device)
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
-    speculative = dict(candidate_generator=drafter, verifier=args.verification, tokenizer=tokenizer,
+    speculative = dict(candidate_generator=drafter, verifier=verifier, tokenizer=tokenizer,
                        return_dict_in_generate=True)
     for options in ({}, speculative):  # warm-up, untimed
         target.generate(**inputs, **{**common, "max_new_tokens": 4}, **options)
@@ -112,6 +134,16 @@ def run_bench(args) -> int:
     return 0 if result.ok else 1
 
 
+def run_presets(args) -> int:
+    presets = {name: SpeculativeConfig.from_pretrained(str(folder)) for name, folder in bundled_presets().items()}
+    width = max(map(len, presets), default=4)
+    print(f"{'name':<{width}}  {'method':<13}  {'target':<32}  draft")
+    for name, config in presets.items():
+        print(f"{name:<{width}}  {config.method:<13}  {config.target_model or '-':<32}  {config.draft_model or '-'}")
+        print(f"{'':<{width}}  source: {config.source or 'not stated'}")
+    return 0
+
+
 def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prompt_length: int, sampled: bool) -> None:
     stats = out.speculative_stats
     new_tokens = out.sequences.shape[1] - prompt_length
@@ -133,7 +165,7 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threads is not None:
+    if getattr(args, "threads", None) is not None:  # `presets` has no --threads
         torch.set_num_threads(args.threads)
     try:
         return args.run(args)
