@@ -118,6 +118,7 @@ def build(config, target, target_tokenizer=None) -> tuple[Drafter, Verifier | No
     Raises:
         `ValueError`: see `build_drafter` and `build_verifier`.
     """
+    verifier = build_verifier(config)  # before the drafter: it may load a draft model
+    drafter = build_drafter(config, target, target_tokenizer)
     _warn_if_other_target(config, target)
-    verifier = build_verifier(config)
-    return build_drafter(config, target, target_tokenizer), verifier
+    return drafter, verifier

@@ -50,15 +50,22 @@ def speculators_settings(config_json: dict, name_or_path: str) -> dict:
         name_or_path (`str`): where it was read from (Hub id or folder): the draft model of the config.
 
     Raises:
-        `ValueError`: a missing or malformed `speculators_config`, naming the field.
+        `ValueError`: an unknown `speculators_model_type`, or a missing or malformed `speculators_config`, naming
+            the field.
     """
+    model_type = config_json["speculators_model_type"]
+    if model_type not in SPECULATORS_TYPES:
+        raise ValueError(
+            f"{name_or_path}: speculators_model_type={model_type!r} is not a speculators drafter type that "
+            f"hf_speculators knows ({', '.join(SPECULATORS_TYPES)})."
+        )
     speculators_config = config_json.get("speculators_config")
     if not isinstance(speculators_config, dict):
         raise ValueError(f"{name_or_path}: config.json has no speculators_config mapping.")
     proposal = _proposal(speculators_config)
     verifier = speculators_config.get("verifier") or {}
     settings = {
-        "method": config_json["speculators_model_type"],
+        "method": model_type,
         "num_draft_tokens": proposal.get("speculative_tokens"),
         "draft_model": name_or_path,
         **_verification(proposal),
