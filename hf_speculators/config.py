@@ -121,7 +121,9 @@ class SpeculativeConfig:
         if self.tree is not None and not isinstance(self.tree, dict):
             _fail("tree", "a mapping of the tree drafter's arguments", self.tree)
         if self.min_ngram_size and self.max_ngram_size and self.min_ngram_size > self.max_ngram_size:
-            raise ValueError(f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size}).")
+            raise ValueError(
+                f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size})."
+            )
         self._check_method_fields()
         self._check_verification_fields()
 
@@ -139,11 +141,12 @@ class SpeculativeConfig:
     def _check_verification_fields(self) -> None:
         if self.verification is not None and self.verification not in {*VERIFIERS, *VERIFIER_PARAMS}:
             _fail("verification", f"one of {sorted({*VERIFIERS, *VERIFIER_PARAMS})}", self.verification)
-        taken = VERIFIER_PARAMS.get(self.verification, {})
-        for params in VERIFIER_PARAMS.values():
+        for verification, params in VERIFIER_PARAMS.items():
             for name in params:
-                if name not in taken and getattr(self, name) is not None:
-                    raise ValueError(f"{name} does not apply to verification={self.verification!r}.")
+                if verification != self.verification and getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} applies to verification={verification!r} only, not to {self.verification!r}."
+                    )
 
     def resolved(self, name: str):
         """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`)."""

@@ -14,7 +14,8 @@ from hf_speculators.loading import DEMO_DRAFT
 FULL_CONFIGS = [
     SpeculativeConfig(
         method="prompt-lookup", num_draft_tokens=10, max_ngram_size=4, min_ngram_size=2, verification="typical",
-        typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper", notes="line one\nline two",
+        typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
+        notes="line one\nline two",
     ),
     SpeculativeConfig(
         method="draft-model", num_draft_tokens=4, draft_model="org/draft", draft_revision="v1",
@@ -73,7 +74,8 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"max_ngram_size": -1}, "max_ngram_size must be an integer >= 1"),
         ({"max_ngram_size": 2, "min_ngram_size": 3}, "min_ngram_size (3) must not exceed max_ngram_size (2)"),
         ({"method": "layer-skip", "exit_layer": 0}, "exit_layer must be an integer >= 1"),
-        ({"method": "draft-model", "draft_model": "a/b", "draft_quantization": "int3"}, "draft_quantization must be one of"),
+        ({"method": "draft-model", "draft_model": "a/b", "draft_quantization": "int3"},
+         "draft_quantization must be one of"),
         ({"method": "draft-model", "draft_model": ""}, "draft_model must be a non-empty string"),
         ({"method": "draft-model"}, "draft_model is required for method='draft-model'"),
         ({"method": "layer-skip"}, "exit_layer is required for method='layer-skip'"),
@@ -86,8 +88,8 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"verification": "typical", "typical_delta": -0.1}, "typical_delta must be a number > 0"),
         ({"verification": "top_k", "top_k": 0}, "top_k must be an integer >= 1"),
         ({"verification": "top_k", "accept_tolerance": -1}, "accept_tolerance must be a number >= 0"),
-        ({"verification": "exact", "top_k": 3}, "top_k does not apply to verification='exact'"),
-        ({"typical_epsilon": 0.1}, "typical_epsilon does not apply to verification=None"),
+        ({"verification": "exact", "top_k": 3}, "top_k applies to verification='top_k' only, not to 'exact'"),
+        ({"typical_epsilon": 0.1}, "typical_epsilon applies to verification='typical' only, not to None"),
         ({"source": 3}, "source must be a non-empty string"),
     ],
 )
@@ -160,7 +162,8 @@ def test_a_block_that_is_not_a_mapping_raises(tmp_path):
 
 
 def test_a_card_with_invalid_values_raises_naming_the_field(tmp_path):
-    (tmp_path / "README.md").write_text("---\nspeculative_decoding:\n  method: prompt-lookup\n  num_draft_tokens: -2\n---\n")
+    card = "---\nspeculative_decoding:\n  method: prompt-lookup\n  num_draft_tokens: -2\n---\n"
+    (tmp_path / "README.md").write_text(card)
     with pytest.raises(ValueError, match="num_draft_tokens must be an integer >= 1, got -2"):
         SpeculativeConfig.from_pretrained(str(tmp_path))
     (tmp_path / "README.md").write_text("---\nspeculative_decoding:\n  method: lookahead\n---\n")

@@ -161,7 +161,9 @@ def test_a_quantized_draft_cannot_be_built_yet(saved_models, target):
         draft_config(saved_models, draft_quantization="int8").build(target)
 
 
-@pytest.mark.parametrize(("verification", "settings"), [("typical", {"typical_epsilon": 0.09}), ("top_k", {"top_k": 3})])
+@pytest.mark.parametrize(
+    ("verification", "settings"), [("typical", {"typical_epsilon": 0.09}), ("top_k", {"top_k": 3})]
+)
 def test_a_verifier_of_a_later_version_raises_listing_the_available_ones(verification, settings, target):
     config = hs.SpeculativeConfig(verification=verification, **settings)
     with pytest.raises(ValueError, match=rf"verification='{verification}' is not available .*\['exact', 'rejection'\]"):
@@ -191,7 +193,8 @@ def test_custom_generate_builds_from_the_config(method, saved_models, target, in
     out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=hs.generate,
                           speculative_config=config, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
-    assert out.speculative_stats.drafter.startswith({"prompt-lookup": "PromptLookup", "draft-model": "DraftModel"}[method])
+    expected = {"prompt-lookup": "PromptLookupDrafter", "draft-model": "DraftModelDrafter"}[method]
+    assert out.speculative_stats.drafter.startswith(expected)
 
 
 def test_enabled_generate_takes_the_config_and_its_verifier(saved_models, target, inputs, tokenizer, plain):
@@ -234,7 +237,8 @@ def test_cli_flags_override_the_preset(tiny_preset, saved_models):
     args = cli.build_parser().parse_args(["generate", "x", "--preset", tiny_preset, "--num-draft-tokens", "2",
                                           "--model", "/models/other", "--verification", "exact"])
     overridden = cli.config_from_args(args)
-    assert (overridden.num_draft_tokens, overridden.target_model, overridden.verification) == (2, "/models/other", "exact")
+    assert overridden.num_draft_tokens == 2 and overridden.verification == "exact"
+    assert overridden.target_model == "/models/other"
     assert overridden.draft_model == saved_models["draft"]
     args = cli.build_parser().parse_args(["generate", "x", "--preset", tiny_preset, "--method", "prompt-lookup",
                                           "--max-ngram-size", "2"])
