@@ -86,7 +86,8 @@ def draft_config(saved_models, **settings) -> hs.SpeculativeConfig:
 
 
 def test_the_bundled_presets_are_the_repository_cards():
-    assert bundled_presets_dir() == REPO_CARDS  # a checkout or editable install reads the top-level folder
+    # a checkout or an editable install reads the top-level folder, an installed wheel its copy inside the package
+    assert bundled_presets_dir() in (REPO_CARDS, Path(hs.__file__).parent / "model_cards")
     assert set(bundled_presets()) == {p.name for p in REPO_CARDS.iterdir() if (p / "README.md").is_file()}
     assert {"demo-prompt-lookup", "demo-draft-model"} <= set(bundled_presets())
 
