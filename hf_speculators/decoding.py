@@ -1,5 +1,6 @@
 """The speculative decoding loop: `generate` (a transformers `custom_generate` callable) and `enable(model)`."""
 
+import copy
 import functools
 import inspect
 import time
@@ -142,7 +143,7 @@ class _SpeculativeDecoding:
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
         input_ids, committed, finished = self._commit(input_ids, new_tokens, scores, logits)
         self.stats.verify_time += self._clock() - verify_start
-        self.stats.record(draft.num_nodes, verdict.num_accepted, committed)
+        self.stats.record(draft.num_nodes, min(verdict.num_accepted, committed), committed)
         return input_ids, finished
 
     def _commit(self, input_ids, new_tokens, scores, logits) -> tuple[torch.LongTensor, int, bool]:
@@ -231,7 +232,12 @@ def generate(
             `num_return_sequences > 1`, an empty or padded prompt, a static cache, an unknown verifier, a
             verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
     """
-    generation_config = generation_config or model.generation_config
+    if generation_config is None:
+        raise ValueError(
+            "Call speculative generate through transformers: model.generate(**inputs, "
+            "custom_generate=hf_speculators.generate, candidate_generator=drafter), or hf_speculators.enable(model) "
+            "then model.generate(**inputs, candidate_generator=drafter); it needs the generation config they prepare."
+        )
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
     candidate_generator, verifier = _from_config(
@@ -254,6 +260,20 @@ def generate(
         speculative_streamer.end()
     output = run.output(input_ids)
     return output if generation_config.return_dict_in_generate else output.sequences
+
+
+def _take_stop_strings(model, kwargs: dict):
+    """Removes the stop strings from `kwargs` and the generation config (a copy), and returns them.
+
+    transformers builds its `StopStringCriteria` only with a tokenizer, which it does not keep for custom
+    generate callables; the wrapper builds the criteria itself instead.
+    """
+    config = kwargs.get("generation_config") or model.generation_config
+    stop_strings = kwargs.pop("stop_strings", None) or config.stop_strings
+    if config.stop_strings:
+        kwargs["generation_config"] = copy.deepcopy(config)
+        kwargs["generation_config"].stop_strings = None
+    return stop_strings
 
 
 def enable(model):
@@ -290,8 +310,11 @@ def enable(model):
                 )
             return plain_generate(*args, streamer=streamer, tokenizer=tokenizer, stopping_criteria=stopping_criteria,
                                   **kwargs)
+        custom = kwargs.pop("custom_generate", generate)
+        if custom is not generate:
+            raise ValueError(f"custom_generate={custom!r} cannot be combined with speculative decoding.")
         criteria = StoppingCriteriaList(stopping_criteria or [])
-        stop_strings = kwargs.pop("stop_strings", None)
+        stop_strings = _take_stop_strings(model, kwargs)
         if stop_strings:
             if tokenizer is None:
                 raise ValueError("stop_strings= needs tokenizer= to find the strings in the generated tokens.")

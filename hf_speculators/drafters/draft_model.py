@@ -1,9 +1,7 @@
 """Drafting with a smaller causal LM of the same vocabulary, keeping its KV cache across steps."""
 
 import torch
-from transformers import DynamicCache
-
-from ..cache import truncate
+from ..cache import prepare_cache, truncate
 from ..sampling import process_logits, sample
 from ..types import Draft
 from .base import Drafter
@@ -82,7 +80,7 @@ class DraftModelDrafter(Drafter):
         self._reset_cache()
 
     def _reset_cache(self) -> None:
-        self._cache = DynamicCache(config=self.draft_model.config)
+        self._cache = prepare_cache(None, self.draft_model.config)
         self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
 
     def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
