@@ -1,5 +1,6 @@
 """hf_speculators: speculative decoding inside transformers' `model.generate()`."""
 
+from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, PromptLookupDrafter, StaticTree, TreeDrafter
 from .metrics import SpeculativeStats
@@ -28,6 +29,7 @@ __all__ = [
     "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",
+    "SpeculativeConfig",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "StaticTree",

@@ -1,5 +1,6 @@
-"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate;
-`bench` compares methods on a prompt set; `sweep` measures the fidelity/acceptance trade-off of relaxed verifiers."""
+"""The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate,
+`bench` compares methods on a prompt set, `sweep` measures the fidelity/acceptance trade-off of the relaxed
+verifiers, `presets` lists the bundled presets."""
 
 import argparse
 import sys
@@ -11,9 +12,12 @@ from transformers import TextStreamer
 from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
+from .config import SpeculativeConfig
 from .decoding import enable
+from .drafters import DRAFTERS
 from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
 from .methods import METHODS, make_drafter
+from .presets import bundled_presets
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -25,10 +29,16 @@ from .sweep import (
 )
 from .verifiers import VERIFIERS
 
+DEFAULT_PRESET = "demo-draft-model"
 
-def _add_model_options(parser: argparse.ArgumentParser, threads: int | None) -> None:
-    parser.add_argument("--model", default=DEMO_TARGET, help="target: local folder or Hub id (default: demo target)")
-    parser.add_argument("--draft", default=DEMO_DRAFT, help="draft model: local folder or Hub id (default: demo draft)")
+
+def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
+    """Options shared by the commands. With `from_preset`, unset --model and --draft keep the preset's values."""
+    model_help, draft_help = ("the preset's", "the preset's") if from_preset else ("the demo target", "the demo draft")
+    parser.add_argument("--model", default=None if from_preset else DEMO_TARGET,
+                        help=f"target: local folder or Hub id (default: {model_help})")
+    parser.add_argument("--draft", default=None if from_preset else DEMO_DRAFT,
+                        help=f"draft model: local folder or Hub id (default: {draft_help})")
     parser.add_argument("--num-draft-tokens", type=int, default=None,
                         help="draft tokens per step (k); for tree methods the depth")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -65,16 +75,18 @@ def _top_k_settings(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-speculators", description="Speculative decoding for transformers.")
-    commands = parser.add_subparsers(dest="command", required=True)
+def _add_generate(commands) -> None:
     gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
     gen.add_argument("prompt")
-    _add_model_options(gen, threads=None)
-    gen.add_argument("--method", choices=METHODS, default="draft-model")
-    _add_tree_options(gen)
+    gen.add_argument("--preset", default=DEFAULT_PRESET,
+                     help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
+                          "the flags below override its settings")
+    _add_model_options(gen, threads=None, from_preset=True)
+    gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
+    gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
+    gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
     gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
-                     help="default: exact for greedy decoding, rejection when sampling")
+                     help="default: the preset's, else exact for greedy decoding and rejection when sampling")
     gen.add_argument("--do-sample", action="store_true")
     gen.add_argument("--temperature", type=float, default=1.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -82,9 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(run=run_generate)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-speculators", description="Speculative decoding for transformers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands)
+
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
     _add_prompt_options(bench)
-    _add_model_options(bench, threads=1)
+    _add_model_options(bench, threads=1, from_preset=False)
     bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated: {','.join(BENCH_METHODS)}")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
     _add_tree_options(bench)
@@ -95,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
     _add_prompt_options(sweep)
-    _add_model_options(sweep, threads=1)
+    _add_model_options(sweep, threads=1, from_preset=False)
     sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
     _add_tree_options(sweep)
     sweep.add_argument("--typical-epsilons", type=_float_list, default=list(DEFAULT_TYPICAL_EPSILONS),
@@ -106,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--plot", default="bench_results/sweep.png", help="where to save the figure (matplotlib)")
     sweep.add_argument("--no-plot", action="store_true", help="print the table only")
     sweep.set_defaults(run=run_sweep_command)
+
+    presets = commands.add_parser("presets", help="list the bundled presets (model cards)")
+    presets.set_defaults(run=run_presets)
     return parser
 
 
@@ -114,6 +135,17 @@ def _drafter(args, draft_model=None, draft_tokenizer=None):
     return make_drafter(args.method, draft_model, num_draft_tokens=args.num_draft_tokens,
                         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
                         draft_tokenizer=draft_tokenizer)
+
+
+def config_from_args(args) -> SpeculativeConfig:
+    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`)."""
+    flags = {
+        "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
+        "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
+        "target_model": args.model,
+    }
+    config = SpeculativeConfig.from_pretrained(args.preset)
+    return config.override(**{name: value for name, value in flags.items() if value is not None})
 
 
 def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, float]:
@@ -127,16 +159,16 @@ def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, flo
 
 
 def run_generate(args) -> int:
-    tokenizer = load_tokenizer(args.model)
-    target = enable(load_model(args.model, args.dtype, args.device))
-    draft = load_model(args.draft, args.dtype, args.device) if args.method in DRAFT_MODEL_METHODS else None
-    draft_tokenizer = load_tokenizer(args.draft) if draft is not None else None
-    drafter = _drafter(args, draft, draft_tokenizer)
+    config = config_from_args(args)
+    target_name = config.target_model or DEMO_TARGET
+    tokenizer = load_tokenizer(target_name)
+    target = enable(load_model(target_name, args.dtype, args.device))
+    drafter, verifier = config.build(target, tokenizer)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(args.device)
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
-    speculative = dict(candidate_generator=drafter, verifier=args.verification, tokenizer=tokenizer,
+    speculative = dict(candidate_generator=drafter, verifier=verifier, tokenizer=tokenizer,
                        return_dict_in_generate=True)
     for options in ({}, speculative):  # warm-up, untimed
         target.generate(**inputs, **{**common, "max_new_tokens": 4}, **options)
@@ -185,6 +217,16 @@ def run_sweep_command(args) -> int:
     return 0
 
 
+def run_presets(args) -> int:
+    presets = {name: SpeculativeConfig.from_pretrained(str(folder)) for name, folder in bundled_presets().items()}
+    width = max(map(len, presets), default=4)
+    print(f"{'name':<{width}}  {'method':<13}  {'target':<32}  draft")
+    for name, config in presets.items():
+        print(f"{name:<{width}}  {config.method:<13}  {config.target_model or '-':<32}  {config.draft_model or '-'}")
+        print(f"{'':<{width}}  source: {config.source or 'not stated'}")
+    return 0
+
+
 def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prompt_length: int, sampled: bool) -> None:
     stats = out.speculative_stats
     new_tokens = out.sequences.shape[1] - prompt_length
@@ -206,7 +248,7 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threads is not None:
+    if getattr(args, "threads", None) is not None:  # `presets` has no --threads
         torch.set_num_threads(args.threads)
     try:
         return args.run(args)

@@ -1,5 +1,6 @@
 """The speculative decoding loop: `generate` (a transformers `custom_generate` callable) and `enable(model)`."""
 
+import copy
 import functools
 import time
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .cache import check_tree_support, keep_accepted, prepare_cache, truncate
+from .config import SpeculativeConfig
 from .drafters import Drafter
 from .forward import forward_logits
 from .metrics import SpeculativeStats
@@ -37,8 +39,8 @@ def _check_inputs(model, input_ids: torch.LongTensor, generation_config: Generat
     if not isinstance(drafter, Drafter):
         raise ValueError(
             "Speculative generate needs candidate_generator= set to a drafter, e.g. "
-            "hf_speculators.PromptLookupDrafter() or hf_speculators.DraftModelDrafter(draft_model); "
-            f"got {type(drafter).__name__}."
+            "hf_speculators.PromptLookupDrafter() or hf_speculators.DraftModelDrafter(draft_model), or "
+            f"speculative_config= set to a hf_speculators.SpeculativeConfig; got {type(drafter).__name__}."
         )
     if model.config.is_encoder_decoder:
         raise ValueError("Speculative generate supports decoder-only models; this model is an encoder-decoder.")
@@ -62,6 +64,23 @@ def _check_inputs(model, input_ids: torch.LongTensor, generation_config: Generat
     unknown = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_KWARGS and v is not None)
     if unknown:
         raise ValueError(f"Speculative generate does not support these model inputs: {unknown}.")
+
+
+def _from_config(model, drafter, verifier, speculative_config, target_tokenizer) -> tuple:
+    """The (drafter, verifier) of the call: built from `speculative_config` when given; `verifier=` wins."""
+    if speculative_config is None:
+        return drafter, verifier
+    if drafter is not None:
+        raise ValueError(
+            "Pass either candidate_generator= (a drafter) or speculative_config= (settings to build one), not both."
+        )
+    if not isinstance(speculative_config, SpeculativeConfig):
+        raise ValueError(
+            "speculative_config= must be a hf_speculators.SpeculativeConfig, e.g. "
+            f"SpeculativeConfig.from_pretrained('demo-prompt-lookup'); got {type(speculative_config).__name__}."
+        )
+    drafter, config_verifier = speculative_config.build(model, target_tokenizer)
+    return drafter, verifier if verifier is not None else config_verifier
 
 
 class _SpeculativeDecoding:
@@ -120,7 +139,7 @@ class _SpeculativeDecoding:
         rows = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the row of scores of each new token
         input_ids, committed, finished = self._commit(input_ids, new_tokens, rows, scores, logits)
         self.stats.verify_time += self._clock() - verify_start
-        self.stats.record(draft.num_nodes, verdict.num_accepted, committed, depth=tree.depth)
+        self.stats.record(draft.num_nodes, min(verdict.num_accepted, committed), committed, depth=tree.depth)
         return input_ids, finished
 
     def _commit(self, input_ids, new_tokens, rows, scores, logits) -> tuple[torch.LongTensor, int, bool]:
@@ -168,13 +187,15 @@ def generate(
     generator: torch.Generator | None = None,
     speculative_streamer=None,
     target_tokenizer=None,
+    speculative_config: SpeculativeConfig | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """Speculative decoding with the `custom_generate` signature of transformers' `generate`.
 
-    Use it as `model.generate(**inputs, custom_generate=hf_speculators.generate, candidate_generator=drafter)`,
-    or call `hf_speculators.enable(model)` once and pass `candidate_generator=` to `model.generate` directly
-    (which also carries `streamer=`, `tokenizer=` and `stop_strings=`). Each step the drafter proposes draft
+    Use it as `model.generate(**inputs, custom_generate=hf_speculators.generate, candidate_generator=drafter)`
+    (or `speculative_config=config` instead of a drafter), or call `hf_speculators.enable(model)` once and pass
+    `candidate_generator=` or `speculative_config=` to `model.generate` directly (which also carries
+    `streamer=`, `tokenizer=` and `stop_strings=`). Each step the drafter proposes draft
     tokens, the target scores all of them in one forward, the verifier keeps a prefix plus one bonus or
     recovered token, and the rejected tokens are dropped from the target's KV cache (speculative decoding,
     Leviathan et al. 2023; speculative sampling, Chen et al. 2023).
@@ -185,6 +206,7 @@ def generate(
         logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
         synced_gpus (`bool`): accepted for the signature; multi-GPU synchronisation is not supported.
         candidate_generator (`Drafter`): the drafter, e.g. `PromptLookupDrafter()` or `DraftModelDrafter(draft)`.
+            Required unless `speculative_config` is given.
         verifier (`str` or `Verifier`, *optional*): `"exact"`, `"rejection"` or a `Verifier`; by default exact
             for greedy decoding and rejection sampling when `do_sample=True`.
         generator (`torch.Generator`, *optional*): the only source of randomness; by default one seeded from
@@ -193,19 +215,31 @@ def generate(
             transformers does not pass `streamer=` to custom_generate callables; `enable(model)` maps it here.
         target_tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for the drafter's
             vocabulary check; `enable(model)` maps `tokenizer=` here.
+        speculative_config (`SpeculativeConfig`, *optional*): settings to build the drafter and verifier from,
+            instead of `candidate_generator`; an explicit `verifier=` overrides the config's verification. A draft
+            model is loaded on every call: to generate repeatedly, build once with `config.build(model)`.
 
     Returns:
         `torch.LongTensor` of shape `(1, sequence_length + new_tokens)`, or with `return_dict_in_generate=True`
         a `SpeculativeGenerateOutput` whose `speculative_stats` holds the acceptance figures.
 
     Raises:
-        `ValueError`: before any forward, for a missing drafter, batch size > 1, beam search,
+        `ValueError`: before any forward, for a missing drafter, both a drafter and a speculative config, a
+            config that cannot be built (see `SpeculativeConfig.build`), batch size > 1, beam search,
             `num_return_sequences > 1`, an empty or padded prompt, a static cache, an unknown verifier, a
             verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
     """
-    generation_config = generation_config or model.generation_config
+    if generation_config is None:
+        raise ValueError(
+            "Call speculative generate through transformers: model.generate(**inputs, "
+            "custom_generate=hf_speculators.generate, candidate_generator=drafter), or hf_speculators.enable(model) "
+            "then model.generate(**inputs, candidate_generator=drafter); it needs the generation config they prepare."
+        )
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+    candidate_generator, verifier = _from_config(
+        model, candidate_generator, verifier, speculative_config, target_tokenizer
+    )
     _check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
     verifier = resolve_verifier(verifier, generation_config.do_sample)
     cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
@@ -225,13 +259,28 @@ def generate(
     return output if generation_config.return_dict_in_generate else output.sequences
 
 
-def enable(model):
-    """Lets `model.generate` take `candidate_generator=` (and `verifier=`, `generator=`) directly.
+def _take_stop_strings(model, kwargs: dict):
+    """Removes the stop strings from `kwargs` and the generation config (a copy), and returns them.
 
-    Only this model instance changes: its `generate` becomes a wrapper that, when a drafter is given, calls the
-    original with `custom_generate=hf_speculators.generate` and carries what transformers drops for custom
-    callables: `streamer=` (streamed token by token as usual), `tokenizer=` and `stop_strings=` (turned into a
-    `StopStringCriteria`). Without a drafter it is plain `generate`. Calling `enable` twice is harmless.
+    transformers builds its `StopStringCriteria` only with a tokenizer, which it does not keep for custom
+    generate callables; the wrapper builds the criteria itself instead.
+    """
+    config = kwargs.get("generation_config") or model.generation_config
+    stop_strings = kwargs.pop("stop_strings", None) or config.stop_strings
+    if config.stop_strings:
+        kwargs["generation_config"] = copy.deepcopy(config)
+        kwargs["generation_config"].stop_strings = None
+    return stop_strings
+
+
+def enable(model):
+    """Lets `model.generate` take `candidate_generator=` or `speculative_config=` (and `verifier=`, `generator=`).
+
+    Only this model instance changes: its `generate` becomes a wrapper that, when a drafter or a speculative
+    config is given, calls the original with `custom_generate=hf_speculators.generate` and carries what
+    transformers drops for custom callables: `streamer=` (streamed token by token as usual), `tokenizer=` and
+    `stop_strings=` (turned into a `StopStringCriteria`). Without either it is plain `generate`. Calling `enable`
+    twice is harmless.
 
     Args:
         model (`PreTrainedModel`): a decoder-only causal LM.
@@ -241,30 +290,36 @@ def enable(model):
 
     Raises:
         `ValueError` (from the wrapper): `stop_strings=` without `tokenizer=`; `verifier=` or `generator=` without
-            `candidate_generator=`.
+            `candidate_generator=` or `speculative_config=`.
     """
     if getattr(model.generate, "_hf_speculators_enabled", False):
         return model
     plain_generate = model.generate
 
     @functools.wraps(plain_generate)
-    def generate_with_speculation(*args, candidate_generator=None, verifier=None, generator=None, streamer=None,
-                                  tokenizer=None, stopping_criteria=None, **kwargs):
-        if candidate_generator is None:
+    def generate_with_speculation(*args, candidate_generator=None, speculative_config=None, verifier=None,
+                                  generator=None, streamer=None, tokenizer=None, stopping_criteria=None, **kwargs):
+        if candidate_generator is None and speculative_config is None:
             if verifier is not None or generator is not None:
-                raise ValueError("verifier= and generator= need candidate_generator= (a drafter) to take effect.")
+                raise ValueError(
+                    "verifier= and generator= need candidate_generator= (a drafter) or speculative_config= to take "
+                    "effect."
+                )
             return plain_generate(*args, streamer=streamer, tokenizer=tokenizer, stopping_criteria=stopping_criteria,
                                   **kwargs)
+        custom = kwargs.pop("custom_generate", generate)
+        if custom is not generate:
+            raise ValueError(f"custom_generate={custom!r} cannot be combined with speculative decoding.")
         criteria = StoppingCriteriaList(stopping_criteria or [])
-        stop_strings = kwargs.pop("stop_strings", None)
+        stop_strings = _take_stop_strings(model, kwargs)
         if stop_strings:
             if tokenizer is None:
                 raise ValueError("stop_strings= needs tokenizer= to find the strings in the generated tokens.")
             criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
         return plain_generate(
-            *args, custom_generate=generate, candidate_generator=candidate_generator, verifier=verifier,
-            generator=generator, speculative_streamer=streamer, target_tokenizer=tokenizer,
-            stopping_criteria=criteria, **kwargs,
+            *args, custom_generate=generate, candidate_generator=candidate_generator,
+            speculative_config=speculative_config, verifier=verifier, generator=generator,
+            speculative_streamer=streamer, target_tokenizer=tokenizer, stopping_criteria=criteria, **kwargs,
         )
 
     generate_with_speculation._hf_speculators_enabled = True

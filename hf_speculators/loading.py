@@ -8,26 +8,39 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 DEMO_DIR = Path(__file__).parent / "demo"
 DEMO_TARGET = str(DEMO_DIR / "target")
 DEMO_DRAFT = str(DEMO_DIR / "draft")
+# ids that name the bundled demo models wherever the package is installed (used by the demo presets)
+DEMO_IDS = {"hf_speculators/demo-target": DEMO_TARGET, "hf_speculators/demo-draft": DEMO_DRAFT}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
+def resolve_model_id(name_or_path: str) -> str:
+    """Returns the folder of a demo id from `DEMO_IDS`, and any other name or path unchanged."""
+    return DEMO_IDS.get(name_or_path, name_or_path)
+
+
+def looks_local(name_or_path: str) -> bool:
+    """Whether `name_or_path` is meant as a local path rather than a Hub id (`name` or `org/name`)."""
+    return name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+
+
 def _check_exists(name_or_path: str) -> None:
-    """Raises `FileNotFoundError` for a local-looking path that does not exist (Hub ids are `org/name`)."""
-    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-    if looks_local and not Path(name_or_path).expanduser().exists():
+    """Raises `FileNotFoundError` for a local-looking path that does not exist."""
+    if looks_local(name_or_path) and not Path(name_or_path).expanduser().exists():
         raise FileNotFoundError(
             f"Model path {name_or_path!r} does not exist. Pass an existing folder with config.json and weights, "
             "or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'."
         )
 
 
-def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
+def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None):
     """Loads a causal LM in eval mode.
 
     Args:
-        name_or_path (`str`): a local folder or a Hub id (downloaded when a network is available).
+        name_or_path (`str`): a local folder, a Hub id (downloaded when a network is available), or a demo id
+            from `DEMO_IDS` (`"hf_speculators/demo-target"`, `"hf_speculators/demo-draft"`).
         dtype (`str`): one of `DTYPES`: `"float32"`, `"bfloat16"`, `"float16"` or `"auto"`.
         device (`str`): a torch device, e.g. `"cpu"` or `"cuda"`.
+        revision (`str`, *optional*): a Hub branch, tag or commit.
 
     Raises:
         `FileNotFoundError`: a local path that does not exist.
@@ -36,12 +49,14 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
+    name_or_path = resolve_model_id(name_or_path)
     _check_exists(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision)
     return model.to(device).eval()
 
 
-def load_tokenizer(name_or_path: str):
+def load_tokenizer(name_or_path: str, revision: str | None = None):
     """Loads the tokenizer stored with a model (same arguments and errors as `load_model`)."""
+    name_or_path = resolve_model_id(name_or_path)
     _check_exists(name_or_path)
-    return AutoTokenizer.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path, revision=revision)

@@ -180,11 +180,13 @@ def tree_from_paths(paths: Sequence[Sequence[int]]) -> tuple[list[int], list[int
         `ValueError`: an empty list, an empty or repeated path, a rank that is not an integer >= 0, or a path
             whose parent path is missing.
     """
-    if not paths:
-        raise ValueError("A static tree needs at least one path, e.g. [(0,), (0, 0)].")
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) or not paths:
+        raise ValueError(f"A static tree needs a non-empty list of paths, e.g. [(0,), (0, 0)]; got {paths!r}.")
     normalized = []
     for path in paths:
-        if len(path) == 0 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
+        if not isinstance(path, (list, tuple)) or len(path) == 0 or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path
+        ):
             raise ValueError(
                 f"Malformed tree path {path!r}: a path is a non-empty tuple of child ranks (integers >= 0)."
             )

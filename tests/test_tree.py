@@ -11,6 +11,7 @@ from tree_helpers import (
     prompt,
     speculative,
     tiny_model,
+    word_tokenizer,
 )
 from transformers import DynamicCache
 
@@ -127,7 +128,9 @@ def test_tree_from_paths():
 @pytest.mark.parametrize(
     "paths, message",
     [
-        ([], "at least one path"),
+        ([], "needs a non-empty list of paths"),
+        (7, "needs a non-empty list of paths"),
+        ([(0,), 1], "non-empty tuple of child ranks"),
         ([()], "non-empty tuple of child ranks"),
         ([(0,), (-1,)], "integers >= 0"),
         ([(0,), (0.5,)], "integers >= 0"),
@@ -321,3 +324,21 @@ def test_tree_drafter_as_candidate_generator(models):
     chain = hs.DraftModelDrafter(draft, num_draft_tokens=4).get_candidates(input_ids)[0]
     assert torch.equal(candidate_ids, chain) and candidate_logits is None  # the leftmost path: the greedy chain
     assert drafter.num_draft_tokens == 4 and "StaticTree" in repr(drafter)
+
+
+def test_a_tree_config_builds_a_tree_drafter(models, tmp_path):
+    target, draft = models["llama"]
+    draft.save_pretrained(tmp_path / "draft")
+    word_tokenizer(["a", "b"]).save_pretrained(tmp_path / "draft")
+    static = hs.SpeculativeConfig(method="tree", draft_model=str(tmp_path / "draft"), verification="top_k", top_k=2,
+                                  tree={"paths": [[0], [1], [0, 0]]})
+    drafter, verifier = static.build(target)
+    assert isinstance(drafter.tree, hs.StaticTree) and drafter.num_draft_tokens == 2
+    assert isinstance(verifier, hs.TopKVerifier) and verifier.top_k == 2
+    dynamic = static.override(tree={"depth": 3, "top_k": 2}, verification=None)
+    drafter, verifier = dynamic.build(target)
+    assert repr(drafter.tree) == "DynamicTree(depth=3, top_k=2, num_nodes=24)" and verifier is None
+    with pytest.raises(ValueError, match=r"A tree mapping holds 'paths' .* got keys \['width'\]"):
+        static.override(tree={"width": 3}).build(target)
+    with pytest.raises(ValueError, match="num_draft_tokens does not apply to method='tree'"):
+        static.override(num_draft_tokens=4)

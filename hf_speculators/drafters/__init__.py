@@ -3,7 +3,7 @@
 from .base import Drafter
 from .draft_model import DraftModelDrafter
 from .prompt_lookup import PromptLookupDrafter
-from .tree import DynamicTree, StaticTree, TreeDrafter
+from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
 
 DRAFTERS: dict[str, type[Drafter]] = {
     PromptLookupDrafter.name: PromptLookupDrafter,
@@ -13,4 +13,5 @@ DRAFTERS: dict[str, type[Drafter]] = {
 
 __all__ = [
     "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "PromptLookupDrafter", "StaticTree", "TreeDrafter",
+    "tree_shape",
 ]

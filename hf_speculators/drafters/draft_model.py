@@ -1,9 +1,8 @@
 """Drafting with a smaller causal LM of the same vocabulary, keeping its KV cache across steps."""
 
 import torch
-from transformers import DynamicCache
 
-from ..cache import truncate
+from ..cache import prepare_cache, truncate
 from ..forward import forward_logits
 from ..sampling import process_logits, sample
 from ..tree import TokenTree
@@ -84,7 +83,7 @@ class DraftModelDrafter(Drafter):
         self._reset_cache()
 
     def _reset_cache(self) -> None:
-        self._cache = DynamicCache(config=self.draft_model.config)
+        self._cache = prepare_cache(None, self.draft_model.config)
         self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
 
     def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:

@@ -68,13 +68,15 @@ class PromptLookupDrafter(Drafter):
 
     def _reset_index(self) -> None:
         self._tokens: list[int] = []
+        self._indexed_ids = torch.empty(0, dtype=torch.long)  # the same tokens as a tensor, to compare cheaply
         self._followers: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after its occurrences
 
     def _update_index(self, input_ids: torch.LongTensor) -> None:
         known = len(self._tokens)
-        if input_ids.shape[-1] < known or (known and int(input_ids[0, known - 1]) != self._tokens[-1]):
+        if input_ids.shape[-1] < known or not torch.equal(input_ids[0, :known], self._indexed_ids[:known]):
             self._reset_index()  # another sequence than the one indexed: start over
             known = 0
+        self._indexed_ids = input_ids[0]
         self._tokens.extend(input_ids[0, known:].tolist())
         for position in range(max(known, 1), len(self._tokens)):
             for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):

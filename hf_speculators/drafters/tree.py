@@ -1,6 +1,6 @@
 """Token-tree drafting with a draft model: a static tree of child ranks (Medusa) or a dynamic tree (EAGLE-2)."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -54,8 +54,8 @@ class StaticTree:
     """
 
     def __init__(self, paths: Sequence[Sequence[int]]):
+        self.parent_ids, self.ranks = tree_from_paths(paths)
         self.paths = [tuple(path) for path in paths]
-        self.parent_ids, self.ranks = tree_from_paths(self.paths)
         self.depth = max(len(path) for path in self.paths)
         self._depths = sorted(len(path) - 1 for path in self.paths)  # node order is breadth first
         self._has_children = {parent for parent in self.parent_ids if parent >= 0}
@@ -123,6 +123,36 @@ class DynamicTree:
         return f"DynamicTree(depth={self.depth}, top_k={self.top_k}, num_nodes={self.num_nodes})"
 
 
+DYNAMIC_TREE_KEYS = ("depth", "top_k", "num_nodes")
+
+
+def tree_shape(tree) -> "StaticTree | DynamicTree":
+    """The tree shape `tree` describes.
+
+    Args:
+        tree: a `StaticTree` or `DynamicTree` (returned as is), a list of paths (a `StaticTree`), a mapping as
+            written in a preset's `tree:` field (`{"paths": [...]}`: static; some of `{"depth", "top_k",
+            "num_nodes"}`: dynamic), or `None` (`DynamicTree()`).
+
+    Raises:
+        `ValueError`: a malformed tree or a mapping with other keys.
+    """
+    if tree is None:
+        return DynamicTree()
+    if isinstance(tree, (StaticTree, DynamicTree)):
+        return tree
+    if not isinstance(tree, Mapping):
+        return StaticTree(tree)
+    if set(tree) == {"paths"}:
+        return StaticTree(tree["paths"])
+    if not set(tree) <= set(DYNAMIC_TREE_KEYS):
+        raise ValueError(
+            f"A tree mapping holds 'paths' (a static tree) or some of {DYNAMIC_TREE_KEYS} (a dynamic tree), "
+            f"got keys {sorted(tree)}."
+        )
+    return DynamicTree(**tree)
+
+
 class TreeDrafter(DraftModelDrafter):
     """Drafts a token tree with a smaller causal LM: several candidates per depth, checked in one target forward.
 
@@ -139,8 +169,8 @@ class TreeDrafter(DraftModelDrafter):
     Args:
         draft_model (`PreTrainedModel`): a causal LM with the target's vocabulary and full-attention layers, on the
             target's device.
-        tree (`StaticTree`, `DynamicTree` or a list of paths, defaults to `DynamicTree()`): the tree's shape; a list
-            of paths is a `StaticTree`.
+        tree (`StaticTree`, `DynamicTree`, a list of paths or a mapping, defaults to `DynamicTree()`): the tree's
+            shape (see `tree_shape`); a list of paths is a `StaticTree`.
         draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): as for `DraftModelDrafter`.
 
     Raises:
@@ -148,12 +178,11 @@ class TreeDrafter(DraftModelDrafter):
             with sliding-window or linear-attention layers.
     """
 
-    name = "draft-model-tree"
+    name = "tree"
 
-    def __init__(self, draft_model, tree: "StaticTree | DynamicTree | Sequence[Sequence[int]] | None" = None,
+    def __init__(self, draft_model, tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None,
                  draft_tokenizer=None):
-        tree = DynamicTree() if tree is None else tree
-        self.tree = tree if isinstance(tree, (StaticTree, DynamicTree)) else StaticTree(tree)
+        self.tree = tree_shape(tree)
         super().__init__(draft_model, num_draft_tokens=self.tree.depth, draft_tokenizer=draft_tokenizer)
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:

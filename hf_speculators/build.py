@@ -1,0 +1,123 @@
+"""Building the drafter and verifier a `SpeculativeConfig` describes, for a given target model."""
+
+import inspect
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+from .drafters import DRAFTERS, Drafter
+from .drafters.draft_model import check_same_vocabulary
+from .loading import load_model, load_tokenizer, resolve_model_id
+from .speculators_format import SPECULATORS_TYPES
+from .verifiers import VERIFIERS, Verifier
+
+# arguments a drafter gets from the loaded draft model rather than from a config field of the same name
+LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer")
+# verification -> {config field: argument of the verifier's constructor}
+VERIFIER_PARAMS: dict[str, dict[str, str]] = {
+    "typical": {"typical_epsilon": "epsilon", "typical_delta": "delta"},
+    "top_k": {"top_k": "top_k", "accept_tolerance": "accept_tolerance"},
+}
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two names or paths plausibly name one model (a Hub id and a local copy share the last part)."""
+    return a == b or Path(a).name.lower() == Path(b).name.lower()
+
+
+def _warn_if_other_target(config, target) -> None:
+    actual = getattr(target, "name_or_path", "") or ""
+    if config.target_model and actual and not _same_model(resolve_model_id(config.target_model), actual):
+        warnings.warn(
+            f"The speculative config was made for target_model={config.target_model!r}, but the target is "
+            f"{actual!r}: its recommended settings may not suit this model."
+        )
+
+
+def _load_draft(config, target, target_tokenizer):
+    """Loads `config.draft_model` with the target's dtype and device and checks that it shares the vocabulary."""
+    if config.draft_quantization is not None:
+        raise ValueError(
+            f"draft_quantization={config.draft_quantization!r}: building a quantized draft model is not available "
+            "in this version of hf_speculators. Remove draft_quantization, or load a quantized draft yourself and "
+            "pass candidate_generator=DraftModelDrafter(draft_model)."
+        )
+    dtype = str(target.dtype).removeprefix("torch.")
+    draft = load_model(config.draft_model, dtype, str(target.device), revision=config.draft_revision)
+    draft_tokenizer = load_tokenizer(config.draft_model, revision=config.draft_revision)
+    try:
+        check_same_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
+    except ValueError as error:
+        raise ValueError(f"draft_model={config.draft_model!r} does not fit the target: {error}") from None
+    return {"draft_model": draft, "draft_tokenizer": draft_tokenizer}
+
+
+def build_drafter(config, target, target_tokenizer=None) -> Drafter:
+    """The drafter of `config.method`, given every config field its constructor takes, for `target`.
+
+    Raises:
+        `ValueError`: a method with no drafter in this version (naming it and listing `DRAFTERS`), a quantized
+            draft, or a draft model whose vocabulary does not match the target's (naming `draft_model`).
+    """
+    if config.method not in DRAFTERS:
+        hint = (
+            " It is a vllm-project/speculators drafter type: vLLM runs it with speculative_config=config.to_vllm()."
+            if config.method in SPECULATORS_TYPES else ""
+        )
+        raise ValueError(
+            f"method={config.method!r} cannot be built by this version of hf_speculators: the drafters available "
+            f"are {sorted(DRAFTERS)}.{hint}"
+        )
+    drafter_class = DRAFTERS[config.method]
+    parameters = inspect.signature(drafter_class).parameters
+    settings = {f.name: getattr(config, f.name) for f in fields(config)}
+    kwargs = {
+        name: settings[name] for name in parameters
+        if name in settings and name not in LOADED_ARGUMENTS and settings[name] is not None
+    }
+    if "draft_model" in parameters:
+        loaded = _load_draft(config, target, target_tokenizer)
+        kwargs.update({name: value for name, value in loaded.items() if name in parameters})
+    return drafter_class(**kwargs)
+
+
+def build_verifier(config) -> Verifier | None:
+    """The verifier `config.verification` names, with its parameters; `None` leaves the choice to `generate`.
+
+    Raises:
+        `ValueError`: a verification with no verifier in this version, listing `VERIFIERS`.
+    """
+    name = config.verification
+    if name is None:
+        return None
+    if name not in VERIFIERS:
+        raise ValueError(
+            f"verification={name!r} is not available in this version of hf_speculators: choose one of "
+            f"{sorted(VERIFIERS)}, or leave it unset (exact for greedy decoding, rejection when sampling)."
+        )
+    params = {
+        argument: getattr(config, field) for field, argument in VERIFIER_PARAMS.get(name, {}).items()
+        if getattr(config, field) is not None
+    }
+    return VERIFIERS[name](**params)
+
+
+def build(config, target, target_tokenizer=None) -> tuple[Drafter, Verifier | None]:
+    """Returns `(drafter, verifier)` for a `SpeculativeConfig` and a loaded target model.
+
+    A draft model is loaded (through `hf_speculators.loading`) with the target's dtype and onto its device. The
+    verifier is `None` when the config leaves it unset. Warns when `config.target_model` names another model.
+
+    Args:
+        config (`SpeculativeConfig`): the settings.
+        target (`PreTrainedModel`): the target model.
+        target_tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for the vocabulary check
+            (needed when the logits widths differ only by padding, as for Qwen2.5 0.5B and 7B).
+
+    Raises:
+        `ValueError`: see `build_drafter` and `build_verifier`.
+    """
+    verifier = build_verifier(config)  # before the drafter: it may load a draft model
+    drafter = build_drafter(config, target, target_tokenizer)
+    _warn_if_other_target(config, target)
+    return drafter, verifier

@@ -1,0 +1,229 @@
+"""`SpeculativeConfig`: everything a speculative run needs, in one flat, validated dataclass."""
+
+import inspect
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from . import presets
+from .build import VERIFIER_PARAMS, build
+from .drafters import DRAFTERS
+from .speculators_format import SPECULATORS_TYPES
+from .verifiers import VERIFIERS
+from .vllm_export import to_vllm
+
+# method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
+METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size")),
+    "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
+    "layer-skip": (("exit_layer",), ()),  # LayerSkipDrafter: not in this version yet
+    "tree": (("draft_model", "tree"), ("draft_revision", "draft_quantization")),
+    **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
+}
+QUANTIZATIONS = ("int8", "nf4", "int4", "fp8")
+
+
+def method_fields(method: str) -> tuple[str, ...]:
+    """The fields `method` takes besides `num_draft_tokens` (required ones first); none for an unknown method."""
+    required, optional = METHOD_FIELDS.get(method, ((), ()))
+    return required + optional
+
+
+def _fail(name: str, requirement: str, value) -> None:
+    raise ValueError(f"{name} must be {requirement}, got {value!r}.")
+
+
+def _check_int(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        _fail(name, "an integer >= 1", value)
+
+
+def _check_number(name: str, value, low: float, high: float | None = None, low_included: bool = False) -> None:
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    in_range = number and (value >= low if low_included else value > low) and (high is None or value <= high)
+    if not in_range:
+        bounds = f"{'>=' if low_included else '>'} {low}" + ("" if high is None else f" and <= {high}")
+        _fail(name, f"a number {bounds}", value)
+
+
+def _check_text(name: str, value) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        _fail(name, "a non-empty string", value)
+
+
+@dataclass
+class SpeculativeConfig:
+    """The settings of a speculative run: which drafter, how many draft tokens, which verifier, for which target.
+
+    Every field but `method` defaults to `None`, meaning "the drafter's or verifier's own default" (read from
+    its signature, so a config and a drafter never disagree), or "not set" for ids and notes. The config is
+    validated on construction; `from_dict` (and so `from_pretrained`) warns about unknown keys.
+
+    Args:
+        method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
+            `"draft-model"`, `"tree"` (`TreeDrafter`), and methods that load as a config but cannot be built in
+            this version (`"layer-skip"` and the speculators drafter types in `SPECULATORS_TYPES`).
+        num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1.
+        max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
+        draft_model (`str`, *optional*): the draft model: a Hub id, a local folder or a demo id
+            (`"hf_speculators/demo-draft"`); for speculators types, the speculator checkpoint.
+        draft_revision (`str`, *optional*): the draft model's Hub branch, tag or commit.
+        draft_quantization (`str`, *optional*): one of `QUANTIZATIONS`; stored and exported, not built yet.
+        exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
+        tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
+            some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
+        verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
+            `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
+        typical_epsilon, typical_delta (`float`, *optional*): `typical` verification's parameters, in (0, 1]
+            and > 0.
+        top_k (`int`, *optional*), accept_tolerance (`float`, *optional*): `top_k` verification's parameters
+            (speculators' `verifier_accept_k` and `accept_tolerance`, >= 0 nats).
+        target_model (`str`, *optional*): the target the settings were chosen for; building for another model
+            warns.
+        source (`str`, *optional*): where the recommended settings come from.
+        notes (`str`, *optional*): free text for the model card.
+
+    Raises:
+        `ValueError`: a value out of range or of the wrong type, an unknown method or verification, a field
+            the method or verification does not take, or a field the method requires that is missing; the
+            message names the field.
+    """
+
+    method: str = "prompt-lookup"
+    num_draft_tokens: int | None = None
+    max_ngram_size: int | None = None
+    min_ngram_size: int | None = None
+    draft_model: str | None = None
+    draft_revision: str | None = None
+    draft_quantization: str | None = None
+    exit_layer: int | None = None
+    tree: dict | None = None
+    verification: str | None = None
+    typical_epsilon: float | None = None
+    typical_delta: float | None = None
+    top_k: int | None = None
+    accept_tolerance: float | None = None
+    target_model: str | None = None
+    source: str | None = None
+    notes: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "exit_layer", "top_k"):
+            _check_int(name, getattr(self, name))
+        for name in ("draft_model", "draft_revision", "target_model", "source", "notes"):
+            _check_text(name, getattr(self, name))
+        _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
+        _check_number("typical_delta", self.typical_delta, low=0)
+        _check_number("accept_tolerance", self.accept_tolerance, low=0, low_included=True)
+        if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:
+            _fail("draft_quantization", f"one of {QUANTIZATIONS}", self.draft_quantization)
+        if self.tree is not None and not isinstance(self.tree, dict):
+            _fail("tree", "a mapping of the tree drafter's arguments", self.tree)
+        if self.min_ngram_size and self.max_ngram_size and self.min_ngram_size > self.max_ngram_size:
+            raise ValueError(
+                f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size})."
+            )
+        self._check_method_fields()
+        self._check_verification_fields()
+
+    def _check_method_fields(self) -> None:
+        if self.method not in METHOD_FIELDS:
+            _fail("method", f"one of {sorted(METHOD_FIELDS)}", self.method)
+        for name in METHOD_FIELDS[self.method][0]:
+            if getattr(self, name) is None:
+                raise ValueError(f"{name} is required for method={self.method!r}.")
+        if self.method == "tree" and self.num_draft_tokens is not None:
+            raise ValueError(
+                "num_draft_tokens does not apply to method='tree': set the tree's depth in tree "
+                "(e.g. tree={'depth': 5}) or give its paths."
+            )
+        method_specific = {name for method in METHOD_FIELDS for name in method_fields(method)}
+        for name in sorted(method_specific - set(method_fields(self.method))):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} does not apply to method={self.method!r}; remove it or change the method.")
+
+    def _check_verification_fields(self) -> None:
+        if self.verification is not None and self.verification not in {*VERIFIERS, *VERIFIER_PARAMS}:
+            _fail("verification", f"one of {sorted({*VERIFIERS, *VERIFIER_PARAMS})}", self.verification)
+        for verification, params in VERIFIER_PARAMS.items():
+            for name in params:
+                if verification != self.verification and getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name} applies to verification={verification!r} only, not to {self.verification!r}."
+                    )
+
+    def resolved(self, name: str):
+        """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`)."""
+        value = getattr(self, name)
+        if value is not None or self.method not in DRAFTERS:
+            return value
+        parameter = inspect.signature(DRAFTERS[self.method]).parameters.get(name)
+        return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+    def to_dict(self) -> dict:
+        """The fields that are set, in declaration order (the `speculative_decoding:` block of a model card)."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, settings: dict) -> "SpeculativeConfig":
+        """Builds a config from a mapping of field names; unknown keys are ignored with a warning."""
+        if not isinstance(settings, dict):
+            raise ValueError(f"speculative settings must be a mapping of field names to values, got {settings!r}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            warnings.warn(f"Ignoring unknown speculative_decoding keys {unknown}; known keys: {sorted(known)}.")
+        return cls(**{key: value for key, value in settings.items() if key in known})
+
+    def override(self, **changes) -> "SpeculativeConfig":
+        """A copy with `changes` applied. Changing the method drops the settings tuned for the old one (the fields
+        only it took, e.g. `draft_model`, and `num_draft_tokens`); changing the verification drops its parameters."""
+        settings = self.to_dict()
+        if changes.get("method", self.method) != self.method:
+            for name in {"num_draft_tokens", *method_fields(self.method)} - set(method_fields(changes["method"])):
+                settings.pop(name, None)
+        if changes.get("verification", self.verification) != self.verification:
+            for name in VERIFIER_PARAMS.get(self.verification, {}):
+                settings.pop(name, None)
+        return type(self).from_dict({**settings, **changes})
+
+    @classmethod
+    def from_pretrained(cls, repo_id_or_path: str, revision: str | None = None, token: str | None = None):
+        """Loads a preset: a model card with a `speculative_decoding:` block, or a speculators-format config.json.
+
+        Args:
+            repo_id_or_path (`str`): a local `README.md` or `config.json`, a folder holding one, the name of a
+                bundled preset (`hf-speculators presets` lists them), or a Hub repo id (needs a network).
+            revision (`str`, *optional*): Hub branch, tag or commit.
+            token (`str`, *optional*): Hub token for private or gated repos.
+
+        Raises:
+            `ValueError`: malformed YAML or JSON, no settings found, or invalid settings (naming the field).
+            `FileNotFoundError`: a local path that does not exist.
+            `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
+        """
+        return cls.from_dict(presets.read_settings(str(repo_id_or_path), revision=revision, token=token))
+
+    def save_pretrained(self, save_directory: str | Path) -> Path:
+        """Writes a Hub-style model card (`README.md`) holding this config; returns its path."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "README.md"
+        path.write_text(presets.card_text(self, name=directory.resolve().name), encoding="utf-8")
+        return path
+
+    def push_to_hub(self, repo_id: str, token: str | None = None, private: bool | None = None,
+                    commit_message: str = "Upload speculative decoding preset"):
+        """Creates the Hub model repo `repo_id` if needed and uploads this config as its model card."""
+        return presets.push_card(self, repo_id, token=token, private=private, commit_message=commit_message)
+
+    def to_vllm(self) -> dict:
+        """The `speculative_config` dict that runs the same method in vLLM (`LLM(model=target,
+        speculative_config=...)`). Raises `ValueError` naming the field that vLLM has no equivalent for."""
+        return to_vllm(self)
+
+    def build(self, target, tokenizer=None):
+        """Returns `(drafter, verifier)` for `target` (see `hf_speculators.build.build`)."""
+        return build(self, target, tokenizer)

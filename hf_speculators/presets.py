@@ -1,0 +1,187 @@
+"""Presets: Hub-style model cards whose YAML front matter holds a `speculative_decoding:` block.
+
+This module finds the settings of a preset (a local card, a bundled card, a Hub repo, or a speculators-format
+`config.json`), writes cards and pushes them to the Hub. `SpeculativeConfig` turns the settings into a config.
+"""
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+from huggingface_hub import HfApi, ModelCard, ModelCardData, hf_hub_download
+from huggingface_hub.errors import RemoteEntryNotFoundError
+
+from .drafters import DRAFTERS
+from .loading import DEMO_IDS, looks_local
+from .speculators_format import is_speculators_config, speculators_settings
+from .vllm_export import to_vllm
+
+CARD_KEY = "speculative_decoding"
+CARD_TAGS = ["hf_speculators", "speculative-decoding"]
+PACKAGE_DIR = Path(__file__).parent
+
+
+def bundled_presets_dir() -> Path:
+    """The bundled cards: `hf_speculators/model_cards/` in an installed wheel (setup.py copies the repository's
+    top-level `model_cards/` there), else that top-level folder itself (a checkout or an editable install)."""
+    packaged = PACKAGE_DIR / "model_cards"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "model_cards"
+
+
+def bundled_presets() -> dict[str, Path]:
+    """Name -> folder of every bundled preset, in name order."""
+    return {card.parent.name: card.parent for card in sorted(bundled_presets_dir().glob("*/README.md"))}
+
+
+def _card_settings(path: Path) -> dict | None:
+    """The `speculative_decoding:` block of the model card at `path`, or `None` if it has none."""
+    try:
+        card = ModelCard.load(path)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: malformed YAML front matter: {error}") from None
+    settings = card.data.to_dict().get(CARD_KEY)
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError(f"{path}: {CARD_KEY} must be a mapping of settings, got {settings!r}.")
+    return settings
+
+
+def _config_json_settings(path: Path, name_or_path: str) -> dict | None:
+    """The settings of a speculators-format `config.json`, or `None` for any other config."""
+    try:
+        config_json = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: malformed JSON: {error}") from None
+    return speculators_settings(config_json, name_or_path) if is_speculators_config(config_json) else None
+
+
+def _read_local(path: Path) -> dict | None:
+    """Settings from a card or `config.json` file, or from a folder holding them (the card first)."""
+    folder = path if path.is_dir() else path.parent
+    if path.is_dir():
+        card, config_json = path / "README.md", path / "config.json"
+    else:
+        card, config_json = (None, path) if path.suffix == ".json" else (path, None)
+    settings = _card_settings(card) if card is not None and card.is_file() else None
+    if settings is None and config_json is not None and config_json.is_file():
+        settings = _config_json_settings(config_json, str(folder))
+    return settings
+
+
+def _download(repo_id: str, filename: str, revision: str | None, token: str | None) -> Path | None:
+    """A file of a Hub repo, or `None` when the repo has no such file (offline errors propagate)."""
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, token=token))
+    except RemoteEntryNotFoundError:
+        return None
+
+
+def _read_hub(repo_id: str, revision: str | None, token: str | None) -> dict | None:
+    """Settings from a Hub repo: its model card's block, else its speculators-format `config.json`."""
+    card = _download(repo_id, "README.md", revision, token)
+    settings = _card_settings(card) if card is not None else None
+    if settings is None:
+        config_json = _download(repo_id, "config.json", revision, token)
+        settings = _config_json_settings(config_json, repo_id) if config_json is not None else None
+    return settings
+
+
+def read_settings(repo_id_or_path: str, revision: str | None = None, token: str | None = None) -> dict:
+    """The raw settings of a preset: a local path first, then a bundled preset name, then a Hub repo id.
+
+    Raises:
+        `FileNotFoundError`: a local-looking path that does not exist.
+        `ValueError`: malformed YAML or JSON, or neither a `speculative_decoding:` block nor a speculators config.
+        `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
+    """
+    path = Path(repo_id_or_path).expanduser()
+    bundled = bundled_presets()
+    if not path.exists() and repo_id_or_path in bundled:
+        path = bundled[repo_id_or_path]
+    if path.exists():
+        settings = _read_local(path)
+    elif looks_local(repo_id_or_path):
+        raise FileNotFoundError(
+            f"{repo_id_or_path!r} does not exist. Pass a model card, a speculators config.json or a folder holding "
+            f"one, a bundled preset ({', '.join(bundled)}) or a Hub repo id."
+        )
+    else:
+        settings = _read_hub(repo_id_or_path, revision, token)
+    if settings is None:
+        raise ValueError(
+            f"{repo_id_or_path}: found neither a model card with a `{CARD_KEY}:` block nor a speculators-format "
+            "config.json."
+        )
+    return settings
+
+
+def _settings_table(config) -> list[str]:
+    """A markdown table of every set field and every drafter default the config falls back on."""
+    rows = ["| setting | value |", "| --- | --- |"]
+    for field in fields(config):
+        value = getattr(config, field.name)
+        shown = value if value is not None else config.resolved(field.name)
+        if field.name in ("source", "notes") or shown is None:
+            continue
+        note = "" if value is not None else " (drafter default)"
+        rows.append(f"| `{field.name}` | `{json.dumps(shown) if isinstance(shown, dict) else shown}`{note} |")
+    return rows
+
+
+def _vllm_section(config) -> list[str]:
+    """vLLM code running the same method, or why there is none (demo ids kept: a card holds no local paths)."""
+    try:
+        exported = to_vllm(config, resolve_ids=False)
+    except ValueError as error:
+        return [f"Not exportable: {error}"]
+    demo_note = ["", "vLLM needs the folders of `hf_speculators/demo-*` ids: `config.to_vllm()` and "
+                 "`hf_speculators.loading.resolve_model_id` give them."]
+    uses_demo = {config.target_model, config.draft_model} & set(DEMO_IDS)
+    return [
+        "```python", "from vllm import LLM", "",
+        f"llm = LLM(model={config.target_model or 'TARGET_MODEL'!r}, speculative_config={exported!r})", "```",
+        *(demo_note if uses_demo else []),
+    ]
+
+
+def _build_note(config) -> list[str]:
+    if config.method in DRAFTERS:
+        return []
+    return [f"This version of hf_speculators loads this config but cannot build `{config.method}` yet (its drafters: "
+            f"{', '.join(sorted(DRAFTERS))}); building raises a ValueError that says so.", ""]
+
+
+def card_text(config, name: str) -> str:
+    """A Hub-style model card: YAML front matter holding the config, and a body documenting it.
+
+    Args:
+        config (`SpeculativeConfig`): the settings.
+        name (`str`): how users load the card: a bundled preset name, a folder or a Hub repo id.
+    """
+    metadata = ModelCardData(tags=CARD_TAGS, **{CARD_KEY: config.to_dict()})
+    target = f" for `{config.target_model}`" if config.target_model else ""
+    body = [
+        f"# Speculative decoding preset: {name}", "",
+        f"Settings for speculative decoding with `{config.method}`{target}, for the hf_speculators library "
+        "(speculative decoding inside transformers' `model.generate()`).", "",
+        *_settings_table(config), "",
+        "## Source of the recommended settings", "", config.source or "Not stated.", "",
+        *(["## Notes", "", config.notes, ""] if config.notes else []),
+        "## Use", "", *_build_note(config), "```python", "import hf_speculators as hs", "",
+        f"config = hs.SpeculativeConfig.from_pretrained({name!r})",
+        "out = model.generate(**inputs, custom_generate=hs.generate, speculative_config=config)", "```", "",
+        f"Command line: `hf-speculators generate --preset {name} \"PROMPT\"`", "",
+        "## vLLM", "", "The same method in vLLM (`config.to_vllm()`):", "", *_vllm_section(config),
+    ]
+    return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(body) + "\n"
+
+
+def push_card(config, repo_id: str, token: str | None = None, private: bool | None = None,
+              commit_message: str = "Upload speculative decoding preset"):
+    """Creates the Hub model repo `repo_id` if needed and uploads the config's card as its README.md."""
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    return api.upload_file(
+        path_or_fileobj=card_text(config, name=repo_id).encode("utf-8"), path_in_repo="README.md",
+        repo_id=repo_id, commit_message=commit_message,
+    )

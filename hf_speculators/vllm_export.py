@@ -1,0 +1,72 @@
+"""Exporting a `SpeculativeConfig` as the `speculative_config` dict that vLLM's `LLM(...)` and `vllm serve` take."""
+
+from .loading import resolve_model_id
+from .speculators_format import SPECULATORS_TYPES
+from .verifiers import VERIFIERS
+
+# our method -> vLLM's `method` (and any setting it implies); speculators types keep their names, as vLLM's own
+# reader of the speculators format does (peagle runs as eagle3 with parallel drafting)
+VLLM_METHODS = {
+    "prompt-lookup": {"method": "ngram"},
+    "draft-model": {"method": "draft_model"},
+    **{name: {"method": name} for name in SPECULATORS_TYPES},
+    "peagle": {"method": "eagle3", "parallel_drafting": True},
+}
+# our draft_quantization -> vLLM's `quantization` (FP8 weights quantized on load); int8/nf4/int4 have no in-flight
+# equivalent for a vLLM draft
+VLLM_QUANTIZATIONS = {"fp8": "fp8"}
+
+
+def _check_verification(config) -> None:
+    name = config.verification
+    if name is not None and not (name in VERIFIERS and VERIFIERS[name].lossless):
+        raise ValueError(
+            f"verification={name!r} is relaxed (not lossless) and vLLM has no equivalent: vLLM verifies drafts "
+            "losslessly. Remove verification and its parameters to export this config."
+        )
+
+
+def _draft_settings(config, resolve_ids: bool) -> dict:
+    settings = {"model": resolve_model_id(config.draft_model) if resolve_ids else config.draft_model}
+    if config.draft_revision is not None:
+        settings["revision"] = config.draft_revision
+    quantization = config.draft_quantization
+    if quantization is not None:
+        if quantization not in VLLM_QUANTIZATIONS:
+            raise ValueError(
+                f"draft_quantization={quantization!r} has no vLLM equivalent for a draft model: quantize the draft "
+                "checkpoint (vLLM loads pre-quantized weights), point draft_model at it and remove draft_quantization."
+            )
+        settings["quantization"] = VLLM_QUANTIZATIONS[quantization]
+    return settings
+
+
+def to_vllm(config, resolve_ids: bool = True) -> dict:
+    """Returns vLLM's `speculative_config` for the same method and settings as `config`.
+
+    Mapping: method -> `method` (`VLLM_METHODS`), `num_draft_tokens` -> `num_speculative_tokens`,
+    `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, `draft_model` -> `model`
+    (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
+    `quantization="fp8"`. Unset fields are filled with this library's drafter defaults, so vLLM runs what
+    `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`.
+
+    Raises:
+        `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
+            relaxed verification (typical, top_k), or an int8/nf4/int4 draft quantization.
+    """
+    if config.method not in VLLM_METHODS:
+        raise ValueError(
+            f"method={config.method!r} has no vLLM equivalent; the methods that export are {sorted(VLLM_METHODS)}. "
+            "Keep this one in transformers with hf_speculators."
+        )
+    _check_verification(config)
+    settings = dict(VLLM_METHODS[config.method])
+    if config.method == "prompt-lookup":
+        settings["prompt_lookup_max"] = config.resolved("max_ngram_size")
+        settings["prompt_lookup_min"] = config.resolved("min_ngram_size")
+    else:
+        settings.update(_draft_settings(config, resolve_ids))
+    num_draft_tokens = config.resolved("num_draft_tokens")
+    if num_draft_tokens is not None:  # unset for a speculators type: vLLM reads it from the checkpoint
+        settings["num_speculative_tokens"] = num_draft_tokens
+    return settings
