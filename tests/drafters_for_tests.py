@@ -60,3 +60,24 @@ class ScriptedDrafter(ReferenceDrafter):
     (fewer only where the reference or the length budget leaves fewer tokens to propose)."""
 
     name = "scripted"
+
+
+class WrongFirstTreeDrafter(ReferenceDrafter):
+    """A token tree that holds the reference continuation, but at every depth after a wrong sibling (two wrong
+    siblings with the same token with `share_tokens=True`): every draft token on the right path is accepted, and
+    as the accepted nodes are never the first ones, the target cache must gather their KV rows each step."""
+
+    name = "wrong-first-tree"
+
+    def __init__(self, reference: torch.LongTensor, num_draft_tokens: int, share_tokens: bool = False):
+        super().__init__(reference, num_draft_tokens, num_correct=num_draft_tokens)
+        self.num_wrong = 2 if share_tokens else 1
+
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> hs.Draft:
+        token_ids, parent_ids, parent = [], [], -1
+        for token in self._future(input_ids, max_tokens):
+            for sibling in [(token + 1) % VOCAB_SIZE] * self.num_wrong + [token]:
+                token_ids.append(sibling)
+                parent_ids.append(parent)
+            parent = len(token_ids) - 1
+        return hs.Draft.from_lists(token_ids, parent_ids, input_ids.device)

@@ -6,7 +6,9 @@ import math
 
 import pytest
 import torch
-from tree_helpers import VOCAB_SIZE, noisy_copy, plain_greedy, prompt, speculative, tiny_model, word_tokenizer
+from speculative_helpers import assert_same_tokens, prompt_ids
+from speculative_helpers import speculative_generate as speculative
+from tiny_models import VOCAB_SIZE
 
 import hf_speculators as hs
 from hf_speculators.benchmark import run_benchmark
@@ -15,17 +17,17 @@ from hf_speculators.sweep import default_verifiers, plot_sweep, run_sweep, sweep
 from hf_speculators.verifiers import resolve_verifier
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
-WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
+PROMPTS = ["abcabcabcab", "xyz.xyz.xy"]  # the tokenizer is character-level
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_model("llama", hidden_size=48, seed=1)
+@pytest.fixture
+def target(zoo):
+    return zoo.target("llama")
 
 
-@pytest.fixture(scope="module")
-def draft(target):
-    return noisy_copy(target, scale=0.1)
+@pytest.fixture
+def draft(zoo):
+    return zoo.noisy_draft("llama")
 
 
 def accepted(verifier, probs: list[float]) -> list[bool]:
@@ -133,38 +135,30 @@ def test_deepest_accepted_path_and_next_token():
 def test_relaxed_generation_is_marked_not_lossless(target, draft, verifier, do_sample, tree):
     drafter = hs.TreeDrafter(draft, hs.DynamicTree(depth=3, top_k=2, num_nodes=6)) if tree else \
         hs.DraftModelDrafter(draft, num_draft_tokens=3)
-    out = speculative(target, prompt(8, seed=11), drafter, 12, verifier=verifier, do_sample=do_sample,
-                      generator=torch.Generator().manual_seed(0))
+    out = speculative(target, prompt_ids("random"), drafter, max_new_tokens=12, verifier=verifier, do_sample=do_sample,
+                      generator=torch.Generator().manual_seed(0), return_dict_in_generate=True)
     stats = out.speculative_stats
     assert stats.lossless is False and stats.verifier in ("typical", "top_k")
-    assert out.sequences.shape[1] == 8 + 12 and int(out.sequences.max()) < VOCAB_SIZE
+    assert out.sequences.shape[1] == prompt_ids("random").shape[1] + 12 and int(out.sequences.max()) < VOCAB_SIZE
 
 
-def test_greedy_top_1_reproduces_greedy_but_stays_flagged(target, draft):
-    input_ids = prompt(8, seed=12)
-    out = speculative(target, input_ids, hs.TreeDrafter(draft), 16, verifier=hs.TopKVerifier(1, 0.0))
-    assert torch.equal(out.sequences, plain_greedy(target, input_ids, 16))
+def test_greedy_top_1_reproduces_greedy_but_stays_flagged(zoo, target, draft):
+    out = speculative(target, prompt_ids("random"), hs.TreeDrafter(draft), verifier=hs.TopKVerifier(1, 0.0),
+                      return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, zoo.reference("llama", "random"))
     assert out.speculative_stats.lossless is False
 
 
 def test_relaxed_accepts_more_than_exact(target, draft):
-    input_ids = prompt(8, seed=13)
     lengths = {}
     for name in ("exact", "typical"):
-        out = speculative(target, input_ids, hs.TreeDrafter(draft), 24, verifier=name)
+        out = speculative(target, prompt_ids("random"), hs.TreeDrafter(draft), verifier=name,
+                          return_dict_in_generate=True)
         lengths[name] = out.speculative_stats.mean_acceptance_length
     assert lengths["typical"] >= lengths["exact"]
 
 
 # ---------------------------------------------------------------- bench, CLI and sweep
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return word_tokenizer(WORDS)
-
-
-PROMPTS = ["the cat sat on a mat and the cat sat on", "dog ran to park with ball then dog ran to"]
 
 
 def test_bench_records_relaxed_methods_as_not_exact(target, draft, tokenizer):
@@ -201,9 +195,9 @@ def test_default_sweep_settings():
                      "TopKVerifier(top_k=3, accept_tolerance=1)"]
 
 
-@pytest.fixture(scope="module")
-def model_dirs(target, draft, tokenizer, tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
+@pytest.fixture
+def model_dirs(target, draft, tokenizer, tmp_path):
+    root = tmp_path
     for name, model in (("target", target), ("draft", draft)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)

@@ -2,21 +2,14 @@
 
 import pytest
 import torch
-from tree_helpers import (
-    ARCHS,
-    VOCAB_SIZE,
-    WrongFirstTreeDrafter,
-    noisy_copy,
-    plain_greedy,
-    prompt,
-    speculative,
-    tiny_model,
-    word_tokenizer,
-)
+from drafters_for_tests import WrongFirstTreeDrafter
+from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, plain_generate, prompt_ids
+from speculative_helpers import speculative_generate as speculative
+from tiny_models import ARCHS, VOCAB_SIZE, build_draft, build_model, build_tokenizer
 from transformers import DynamicCache
 
 import hf_speculators as hs
-from hf_speculators.cache import keep_accepted
+from hf_speculators.cache import keep_accepted, rollback
 from hf_speculators.forward import forward_logits
 from hf_speculators.tree import TokenTree, tree_from_paths, trie_from_sequences
 
@@ -27,16 +20,6 @@ from hf_speculators.tree import TokenTree, tree_from_paths, trie_from_sequences
 #      5
 PARENTS = [-1, -1, 0, 0, 1, 2]
 STATIC_PATHS = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]
-
-
-@pytest.fixture(scope="module")
-def models():
-    """arch -> (target, noisy draft)."""
-    pairs = {}
-    for arch in ARCHS:
-        target = tiny_model(arch, hidden_size=48, seed=1)
-        pairs[arch] = (target, noisy_copy(target, scale=0.1))
-    return pairs
 
 
 def tree(parents=PARENTS) -> TokenTree:
@@ -143,7 +126,7 @@ def test_malformed_paths(paths, message):
     with pytest.raises(ValueError, match=message):
         tree_from_paths(paths)
     with pytest.raises(ValueError, match=message):
-        hs.TreeDrafter(tiny_model("llama", num_layers=1), paths)
+        hs.TreeDrafter(build_draft("llama"), paths)
 
 
 def test_trie_from_sequences():
@@ -178,9 +161,9 @@ def _tree_forward(model, input_ids, token_ids, parents):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tree_logits_equal_sequential_logits(models, arch):
-    target, _ = models[arch]
-    input_ids, token_ids = prompt(9, seed=3), torch.tensor([7, 7, 12, 30, 7, 41])  # nodes 0 and 1 share a token
+def test_tree_logits_equal_sequential_logits(zoo, arch):
+    target = zoo.target(arch)
+    input_ids, token_ids = prompt_ids("random"), torch.tensor([7, 7, 12, 30, 7, 41])  # nodes 0 and 1 share a token
     logits, _ = _tree_forward(target, input_ids, token_ids, PARENTS)
     t = tree()
     with torch.no_grad():
@@ -191,42 +174,39 @@ def test_tree_logits_equal_sequential_logits(models, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_compaction_keeps_the_accepted_path(models, arch):
-    target, _ = models[arch]
-    input_ids = prompt(9, seed=4)
-    reference = plain_greedy(target, input_ids, 8)
-    greedy = reference[0, 9:]
+def test_compaction_keeps_the_accepted_path(zoo, arch):
+    target, input_ids = zoo.target(arch), prompt_ids("random")
+    num_prompt = input_ids.shape[1]
+    reference = zoo.reference(arch, "random", max_new_tokens=8)
+    greedy = reference[0, num_prompt:]
     # the greedy tokens sit on nodes 1 -> 4 of the tree, after a wrong sibling: their rows must be gathered
     token_ids = torch.tensor([(greedy[0] + 1) % VOCAB_SIZE, greedy[0], 5, 6, greedy[1], 9])
     _, cache = _tree_forward(target, input_ids, token_ids, PARENTS)
     keep_accepted(cache, torch.tensor([1, 4]), num_nodes=6)
-    assert cache.get_seq_length() == 9 + 2
+    assert cache.get_seq_length() == num_prompt + 2
     expected = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=reference[:, :11], past_key_values=expected, use_cache=True)
+        target(input_ids=reference[:, : num_prompt + 2], past_key_values=expected, use_cache=True)
         for layer, expected_layer in zip(cache.layers, expected.layers):
             torch.testing.assert_close(layer.keys, expected_layer.keys, atol=1e-5, rtol=0)
             torch.testing.assert_close(layer.values, expected_layer.values, atol=1e-5, rtol=0)
         # continuing greedy decoding from the compacted cache gives plain greedy's tokens
-        hs.cache.rollback(cache, 1)  # the last committed token is fed again for the next token's logits
-        tokens = reference[:, :11]
-        for _ in range(6):
+        rollback(cache, 1)  # the last committed token is fed again for the next token's logits
+        tokens = reference[:, : num_prompt + 2]
+        while tokens.shape[1] < reference.shape[1]:
             position = torch.tensor([[tokens.shape[1] - 1]])
             next_logits = target(input_ids=tokens[:, -1:], past_key_values=cache, position_ids=position).logits
             tokens = torch.cat([tokens, next_logits[:, -1].argmax(-1, keepdim=True)], dim=-1)
-    assert torch.equal(tokens, reference)
+    assert_same_tokens(tokens, reference)
 
 
-def test_sliding_window_models_refuse_trees():
-    target = tiny_model("mistral_sliding", num_layers=1)
+def test_sliding_window_models_refuse_trees(zoo):
+    target = zoo.target("qwen2_sliding")
     with pytest.raises(ValueError, match="Token trees need full-attention cache layers"):
-        speculative(target, prompt(6), hs.TreeDrafter(target, [(0,), (1,)]), 4)
-    reference = plain_greedy(target, prompt(6), 6)
+        speculative(target, prompt_ids("random"), hs.TreeDrafter(target, [(0,), (1,)]))
+    reference = zoo.reference("qwen2_sliding", "random")
     with pytest.raises(ValueError, match="DynamicSlidingWindowLayer"):
-        speculative(target, prompt(6), WrongFirstTreeDrafter(reference), 4)
-    # a chain drafter still works on it
-    out = speculative(target, prompt(6), hs.DraftModelDrafter(target, 3), 6)
-    assert torch.equal(out.sequences, reference)
+        speculative(target, prompt_ids("random"), WrongFirstTreeDrafter(reference, 3))
 
 
 # ---------------------------------------------------------------- greedy exactness of tree drafts
@@ -234,65 +214,63 @@ def test_sliding_window_models_refuse_trees():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("share_tokens", [False, True])
-def test_wrong_first_tree_is_exact(models, arch, share_tokens):
-    target, _ = models[arch]
-    input_ids = prompt(8, seed=5)
-    reference = plain_greedy(target, input_ids, 20)
-    out = speculative(target, input_ids, WrongFirstTreeDrafter(reference, depth=3, share_tokens=share_tokens), 20)
-    assert torch.equal(out.sequences, reference)
+def test_wrong_first_tree_is_exact(zoo, arch, share_tokens):
+    reference = zoo.reference(arch, "random")  # 24 new tokens
+    drafter = WrongFirstTreeDrafter(reference, 3, share_tokens=share_tokens)
+    out = speculative(zoo.target(arch), prompt_ids("random"), drafter, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, reference)
+    assert_cache_matches_sequence(out)
     stats = out.speculative_stats
-    assert stats.mean_acceptance_length == 4.0 and stats.num_target_forwards == 1 + 5  # prefill + 20 / 4 steps
+    assert stats.mean_acceptance_length == 4.0 and stats.num_target_forwards == 1 + 6  # prefill + 24 / 4 steps
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tree_shape", [STATIC_PATHS, hs.DynamicTree(depth=4, top_k=3, num_nodes=10)],
                          ids=["static", "dynamic"])
-def test_tree_drafter_is_exact(models, arch, tree_shape):
-    target, draft = models[arch]
-    input_ids = prompt(8, seed=6)
-    reference = plain_greedy(target, input_ids, 24)
-    out = speculative(target, input_ids, hs.TreeDrafter(draft, tree_shape), 24)
-    assert torch.equal(out.sequences, reference)
+def test_tree_drafter_is_exact(zoo, arch, tree_shape):
+    drafter = hs.TreeDrafter(zoo.noisy_draft(arch), tree_shape)
+    out = speculative(zoo.target(arch), prompt_ids("random"), drafter, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, zoo.reference(arch, "random"))
+    assert_cache_matches_sequence(out)
     stats = out.speculative_stats
     assert stats.mean_acceptance_length > 1.5  # the noisy draft agrees often: the tree path really is exercised
     assert stats.num_draft_tokens > sum(stats.drafted_per_position)  # more nodes than depths: trees were drafted
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_multi_candidate_prompt_lookup_is_exact(models, arch):
-    target, _ = models[arch]
-    input_ids = prompt(8, seed=7)
-    greedy = plain_greedy(target, input_ids, 16)[:, 8:]
+def test_multi_candidate_prompt_lookup_is_exact(zoo, arch):
+    target = zoo.target(arch)
+    greedy = zoo.reference(arch, "random", max_new_tokens=16)[:, prompt_ids("random").shape[1] :]
     # the prompt holds the greedy continuation and variants of it: several matches with different continuations
     variant = greedy.clone()
     variant[0, 3::4] = (variant[0, 3::4] + 1) % VOCAB_SIZE
-    input_ids = torch.cat([greedy[:, :8], variant, input_ids, greedy[:, :10], input_ids], dim=-1)
-    reference = plain_greedy(target, input_ids, 24)
+    input_ids = torch.cat([greedy[:, :8], variant, prompt_ids("random"), greedy[:, :10], prompt_ids("random")], -1)
+    reference = plain_generate(target, input_ids)
     drafter = hs.PromptLookupDrafter(num_draft_tokens=4, max_ngram_size=2, num_candidates=3)
-    out = speculative(target, input_ids, drafter, 24)
-    assert torch.equal(out.sequences, reference)
-    chain = speculative(target, input_ids, hs.PromptLookupDrafter(num_draft_tokens=4, max_ngram_size=2), 24)
-    assert torch.equal(chain.sequences, reference)
+    out = speculative(target, input_ids, drafter, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, reference)
+    chain = speculative(target, input_ids, hs.PromptLookupDrafter(num_draft_tokens=4, max_ngram_size=2),
+                        return_dict_in_generate=True)
+    assert_same_tokens(chain.sequences, reference)
     assert out.speculative_stats.num_draft_tokens > chain.speculative_stats.num_draft_tokens
 
 
-def test_tree_with_logits_processors_and_scores(models):
-    target, draft = models["llama"]
-    input_ids = prompt(8, seed=8)
-    processors = dict(repetition_penalty=1.5, no_repeat_ngram_size=2, output_scores=True, output_logits=True)
-    reference = target.generate(input_ids, do_sample=False, max_new_tokens=16, return_dict_in_generate=True,
-                                **processors)
-    out = speculative(target, input_ids, hs.TreeDrafter(draft, STATIC_PATHS), 16, **processors)
-    assert torch.equal(out.sequences, reference.sequences)
+def test_tree_with_logits_processors_and_scores(zoo):
+    target, input_ids = zoo.target("llama"), prompt_ids("random")
+    processors = dict(repetition_penalty=1.5, no_repeat_ngram_size=2, output_scores=True, output_logits=True,
+                      return_dict_in_generate=True)
+    reference = plain_generate(target, input_ids, **processors)
+    out = speculative(target, input_ids, hs.TreeDrafter(zoo.noisy_draft("llama"), STATIC_PATHS), **processors)
+    assert_same_tokens(out.sequences, reference.sequences)
     torch.testing.assert_close(torch.cat(out.scores), torch.cat(reference.scores), atol=1e-4, rtol=0)
     torch.testing.assert_close(torch.cat(out.logits), torch.cat(reference.logits), atol=1e-4, rtol=0)
 
 
-def test_length_budget_limits_the_depth(models):
-    target, draft = models["llama"]
-    input_ids = prompt(8, seed=9)
-    out = speculative(target, input_ids, hs.TreeDrafter(draft, hs.DynamicTree(depth=5)), 3)
-    assert torch.equal(out.sequences, plain_greedy(target, input_ids, 3))
+def test_length_budget_limits_the_depth(zoo):
+    drafter = hs.TreeDrafter(zoo.noisy_draft("llama"), hs.DynamicTree(depth=5))
+    out = speculative(zoo.target("llama"), prompt_ids("random"), drafter, max_new_tokens=3,
+                      return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, zoo.reference("llama", "random", max_new_tokens=3))
     assert len(out.speculative_stats.drafted_per_position) <= 2  # 3 tokens: 2 draft positions + 1 next token
 
 
@@ -316,20 +294,19 @@ def test_multi_candidate_prompt_lookup_trie():
         hs.PromptLookupDrafter(num_candidates=0)
 
 
-def test_tree_drafter_as_candidate_generator(models):
-    _, draft = models["llama"]
+def test_tree_drafter_as_candidate_generator(zoo):
+    draft = zoo.noisy_draft("llama")
     drafter = hs.TreeDrafter(draft, STATIC_PATHS)
-    input_ids = prompt(6, seed=10)
-    candidate_ids, candidate_logits = drafter.get_candidates(input_ids)
-    chain = hs.DraftModelDrafter(draft, num_draft_tokens=4).get_candidates(input_ids)[0]
+    candidate_ids, candidate_logits = drafter.get_candidates(prompt_ids("random"))
+    chain = hs.DraftModelDrafter(draft, num_draft_tokens=4).get_candidates(prompt_ids("random"))[0]
     assert torch.equal(candidate_ids, chain) and candidate_logits is None  # the leftmost path: the greedy chain
     assert drafter.num_draft_tokens == 4 and "StaticTree" in repr(drafter)
 
 
-def test_a_tree_config_builds_a_tree_drafter(models, tmp_path):
-    target, draft = models["llama"]
+def test_a_tree_config_builds_a_tree_drafter(tmp_path):
+    target, draft = build_model("llama", seed=1), build_draft("llama")
     draft.save_pretrained(tmp_path / "draft")
-    word_tokenizer(["a", "b"]).save_pretrained(tmp_path / "draft")
+    build_tokenizer().save_pretrained(tmp_path / "draft")
     static = hs.SpeculativeConfig(method="tree", draft_model=str(tmp_path / "draft"), verification="top_k", top_k=2,
                                   tree={"paths": [[0], [1], [0, 0]]})
     drafter, verifier = static.build(target)

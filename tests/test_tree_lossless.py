@@ -11,7 +11,6 @@ the same bound, which shows that the test can see the error it guards against.
 
 import pytest
 import torch
-import tree_helpers  # noqa: F401  (sets torch's threads to 1 before anything runs)
 
 from hf_speculators import Draft, ExactVerifier, RejectionVerifier
 from hf_speculators.verifiers import rejection
