@@ -233,7 +233,8 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     plain_tokens = plain.shape[1] - prompt_length
     speed, plain_speed = new_tokens / seconds, plain_tokens / plain_seconds
     if sampled:
-        identical = "n/a (sampling: lossless in distribution, not token for token)"
+        identical = "n/a (sampling: " + ("lossless in distribution, not token for token)" if stats.lossless else
+                                         "relaxed verification, not the target's distribution)")
     else:
         identical = "yes" if torch.equal(out.sequences, plain) else "NO"
     print(f"\n---\ndrafter: {stats.drafter}; verifier: {stats.verifier} ({'lossless' if stats.lossless else 'relaxed'})")

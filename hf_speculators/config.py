@@ -17,7 +17,7 @@ METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
     "layer-skip": (("exit_layer",), ()),  # LayerSkipDrafter: not in this version yet
-    "tree": (("draft_model", "tree"), ("draft_revision", "draft_quantization")),
+    "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
 }
 QUANTIZATIONS = ("int8", "nf4", "int4", "fp8")
@@ -74,6 +74,7 @@ class SpeculativeConfig:
         exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
+            Unset: `TreeDrafter`'s default dynamic tree.
         verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
             `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
         typical_epsilon, typical_delta (`float`, *optional*): `typical` verification's parameters, in (0, 1]

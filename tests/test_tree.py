@@ -315,6 +315,8 @@ def test_a_tree_config_builds_a_tree_drafter(tmp_path):
     dynamic = static.override(tree={"depth": 3, "top_k": 2}, verification=None)
     drafter, verifier = dynamic.build(target)
     assert repr(drafter.tree) == "DynamicTree(depth=3, top_k=2, num_nodes=24)" and verifier is None
+    default, _ = hs.SpeculativeConfig(method="tree", draft_model=str(tmp_path / "draft")).build(target)
+    assert repr(default.tree) == repr(hs.DynamicTree())
     with pytest.raises(ValueError, match=r"A tree mapping holds 'paths' .* got keys \['width'\]"):
         static.override(tree={"width": 3}).build(target)
     with pytest.raises(ValueError, match="num_draft_tokens does not apply to method='tree'"):
