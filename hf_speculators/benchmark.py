@@ -175,6 +175,8 @@ class BenchmarkResult:
              "mean_acceptance_length", "{:.2f}"),
             ("identical-output rate (generated ids equal plain greedy's)", "identical_rate", "{:.0%}"),
             ("share of wall time outside model forwards", "outside_forwards", "{:.1%}"),
+            ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio",
+             "{:.3f}"),
         ]
         lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
@@ -206,10 +208,11 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
         records (`Sequence[dict]`): records as `run_benchmark` writes them (e.g. read back from its JSONL file).
 
     Returns:
-        `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "tokens_per_s", "speedup",
-        "mean_acceptance_length", "acceptance_rate_per_position", "identical_rate"}`, categories sorted and
-        `"all"` (every record) last. `speedup` is `None` without plain records; acceptance figures are `None`
-        for methods that report none.
+        `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
+        "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
+        "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
+        records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
+        time per draft token over plain decoding's time per token (Leviathan et al.'s c).
     """
     categories = sorted({r["category"] for r in records} - {"all"})
     groups = {c: [r for r in records if r["category"] == c] for c in categories} | {"all": list(records)}
@@ -222,6 +225,8 @@ def _summarize_group(records: list[dict]) -> dict[str, dict]:
     plain = summary.get("plain", {}).get("tokens_per_s")
     for figures in summary.values():
         figures["speedup"] = figures["tokens_per_s"] / plain if plain else None
+        per_token = figures.pop("draft_seconds_per_token")
+        figures["draft_cost_ratio"] = per_token * plain if plain and per_token is not None else None
     return summary
 
 
@@ -234,9 +239,12 @@ def _summarize_method(records: list[dict]) -> dict:
         drafted_per_position=_sum_lists(r["drafted_per_position"] for r in with_stats),
         accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
     )
+    num_draft_tokens = sum(r["num_draft_tokens"] for r in with_stats)
     return {
         "num_prompts": len(records),
         "new_tokens": new_tokens,
+        "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_draft_tokens
+        if num_draft_tokens else None,
         "seconds": seconds,
         "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,

@@ -249,12 +249,11 @@ def test_chat_template_wraps_the_prompt(target, tokenizer):
 
 def test_summarize_pools_totals():
     def record(category, method, tokens, seconds, accepted=None):
-        stats = {"num_drafts": 2, "num_accepted_tokens": accepted, "drafted_per_position": [2, 1],
-                 "accepted_per_position": [accepted, 0]} if accepted is not None else {
-                 "num_drafts": None, "num_accepted_tokens": None, "drafted_per_position": None,
-                 "accepted_per_position": None}
+        keys = ("num_drafts", "num_accepted_tokens", "drafted_per_position", "accepted_per_position",
+                "num_draft_tokens", "draft_time")
+        values = (2, accepted, [2, 1], [accepted, 0], 3, 0.03) if accepted is not None else (None,) * len(keys)
         return {"category": category, "method": method, "new_tokens": tokens, "seconds": seconds,
-                "forward_seconds": 0.9 * seconds, "identical_to_plain": True, **stats}
+                "forward_seconds": 0.9 * seconds, "identical_to_plain": True, **dict(zip(keys, values))}
 
     records = [record("a", "plain", 10, 1.0), record("b", "plain", 30, 1.0),
                record("a", "prompt-lookup", 10, 0.5, accepted=2), record("b", "prompt-lookup", 30, 1.5, accepted=0)]
@@ -266,3 +265,6 @@ def test_summarize_pools_totals():
     assert summary["all"]["prompt-lookup"]["acceptance_rate_per_position"] == [0.5, 0.0]
     assert summary["all"]["plain"]["mean_acceptance_length"] is None
     assert summary["all"]["plain"]["outside_forwards"] == pytest.approx(0.1)
+    # 0.06 s for 6 draft tokens = 0.01 s per draft token; plain takes 1 / 20 s per token
+    assert summary["all"]["prompt-lookup"]["draft_cost_ratio"] == pytest.approx(0.2)
+    assert summary["all"]["plain"]["draft_cost_ratio"] is None
