@@ -276,7 +276,7 @@ def _check_methods(methods: Sequence[str], draft) -> list[str]:
     return chosen
 
 
-def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int, verifier, tree_options) -> dict:
+def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int, verifier, drafter_options) -> dict:
     """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
     if method == "hf-prompt-lookup":
         return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
@@ -284,7 +284,7 @@ def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: 
         return {"assistant_model": draft}  # its number of tokens, schedule and threshold: _pinned_assistant_config
     if method in speculative_methods.METHODS:
         drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
-                                                   max_ngram_size=max_ngram_size, **tree_options)
+                                                   max_ngram_size=max_ngram_size, **drafter_options)
         return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier}
     return {}
 
@@ -470,6 +470,7 @@ def run_benchmark(
     num_threads: int | None = 1,
     verbose: bool = True,
     verifier: str | None = None,
+    prefer: str | None = None,
     num_candidates: int | None = None,
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
@@ -513,6 +514,8 @@ def run_benchmark(
         verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
             mismatches to stdout.
         verifier (`str`, *optional*): a name from `VERIFIERS` for our methods; default `"exact"`.
+        prefer (`str`, *optional*): our prompt lookups' match rule, `"latest"` or `"earliest"` (`None`: the
+            drafter's default, `"latest"`).
         num_candidates, tree_top_k, tree_nodes (`int`, *optional*): `"prompt-lookup-tree"`'s continuations and
             `"draft-model-tree"`'s `DynamicTree(top_k, num_nodes)`; `None` keeps the defaults (4; 4 and 24).
 
@@ -535,12 +538,13 @@ def run_benchmark(
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
-    tree_options = {"num_candidates": num_candidates, "tree_top_k": tree_top_k, "tree_nodes": tree_nodes}
+    drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
+                       "tree_nodes": tree_nodes}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
-                "verifier": repr(verifier), **tree_options}
+                "verifier": repr(verifier), **drafter_options}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size, verifier, tree_options) for m in methods}
+    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options) for m in methods}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:

@@ -15,6 +15,7 @@ from .benchmark import load_prompts, run_benchmark
 from .config import SpeculativeConfig
 from .decoding import enable
 from .drafters import DRAFTERS
+from .drafters.prompt_lookup import MATCH_RULES
 from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
 from .methods import METHODS, make_drafter
 from .presets import bundled_presets
@@ -108,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
+    bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
+                       help="our prompt lookups' match rule among earlier occurrences (default: latest)")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
     bench.set_defaults(run=run_bench)
 
@@ -191,7 +194,7 @@ def run_bench(args) -> int:
     draft = load_model(args.draft, args.dtype, args.device) if needs_draft else None
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
-        max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification,
+        max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
     )
     print(f"records: {args.out}")

@@ -18,6 +18,7 @@ def make_drafter(
     *,
     num_draft_tokens: int | None = None,
     max_ngram_size: int | None = None,
+    prefer: str | None = None,
     num_candidates: int | None = None,
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
@@ -25,7 +26,7 @@ def make_drafter(
 ) -> Drafter:
     """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
 
-    - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size)`, a chain.
+    - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size, prefer)`, a chain.
     - `"prompt-lookup-tree"`: the same with `num_candidates` continuations in one trie (default 4).
     - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
@@ -39,10 +40,12 @@ def make_drafter(
     if method in DRAFT_MODEL_METHODS and draft_model is None:
         raise ValueError(f"Method {method!r} needs a draft model.")
     if method == "prompt-lookup":
-        return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size))
+        return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
+                                            prefer=prefer))
     if method == "prompt-lookup-tree":
         return PromptLookupDrafter(num_candidates=num_candidates or TREE_NUM_CANDIDATES,
-                                   **_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size))
+                                   **_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
+                                            prefer=prefer))
     if method == "draft-model":
         return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer,
                                  **_given(num_draft_tokens=num_draft_tokens))
