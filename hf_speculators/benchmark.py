@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
 from .decoding import generate
-from .metrics import SpeculativeStats
+from .metrics import SpeculativeStats, clock
 from .verifiers import resolve_verifier
 
 METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
@@ -328,12 +328,6 @@ class _Run:
     stats: SpeculativeStats | None
 
 
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 @contextmanager
 def _forward_timer(target, draft):
     """Counts target forwards and adds up the seconds spent inside target and draft forwards (module hooks).
@@ -363,10 +357,10 @@ def _forward_timer(target, draft):
 def _timed_generate(target, draft, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
     """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its model forwards measured."""
     with _forward_timer(target, draft) as forwards:
-        start = _clock(target.device)
+        start = clock(target.device)
         output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  return_dict_in_generate=True, **generate_kwargs)
-        seconds = _clock(target.device) - start
+        seconds = clock(target.device) - start
     new_ids = output.sequences[0, input_ids.shape[1] :].cpu()
     return _Run(new_ids, seconds, forwards["num_target_forwards"], forwards["forward_seconds"],
                 getattr(output, "speculative_stats", None))

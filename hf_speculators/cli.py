@@ -4,7 +4,6 @@ verifiers, `presets` lists the bundled presets."""
 
 import argparse
 import sys
-import time
 
 import torch
 from transformers import TextStreamer
@@ -17,6 +16,7 @@ from .decoding import enable
 from .drafters import DRAFTERS
 from .drafters.prompt_lookup import MATCH_RULES
 from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
+from .metrics import clock
 from .methods import METHODS, make_drafter
 from .presets import bundled_presets
 from .sweep import (
@@ -152,13 +152,9 @@ def config_from_args(args) -> SpeculativeConfig:
 
 
 def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, float]:
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock(model.device)
     output = model.generate(**inputs, **kwargs)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    return output, time.perf_counter() - start
+    return output, clock(model.device) - start
 
 
 def run_generate(args) -> int:

@@ -2,7 +2,6 @@
 
 import copy
 import functools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +12,7 @@ from .cache import check_tree_support, keep_accepted, prepare_cache, truncate
 from .config import SpeculativeConfig
 from .drafters import Drafter
 from .forward import forward_logits
-from .metrics import SpeculativeStats
+from .metrics import SpeculativeStats, clock
 from .sampling import process_logits
 from .tree import TokenTree
 from .types import Draft
@@ -94,12 +93,10 @@ class _SpeculativeDecoding:
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
         self.scores = [] if generation_config.output_scores else None
         self.raw_logits = [] if generation_config.output_logits else None
-        self.on_cuda = model.device.type == "cuda"  # model.device walks the parameters: read it once
+        self.device = model.device  # model.device walks the parameters: read it once
 
     def _clock(self) -> float:
-        if self.on_cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        return clock(self.device)
 
     def prefill(self, input_ids: torch.LongTensor) -> None:
         """Puts all prompt tokens but the last into the cache; the last one is pending for the first step."""

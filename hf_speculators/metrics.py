@@ -1,6 +1,16 @@
 """Acceptance figures and timings of one speculative generate call."""
 
+import time
 from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+def clock(device: torch.device) -> float:
+    """`time.perf_counter()` in seconds, after waiting for queued CUDA work when `device` is a GPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @dataclass
