@@ -9,6 +9,10 @@ Stages (all run by default, each reads what the previous one wrote under ``--out
 2. ``target``: a Llama-style causal LM trained with next-token cross-entropy.
 3. ``draft``: a much smaller Llama distilled from the target with the forward KL divergence to the target's
    next-token distribution on the same corpus (DistillSpec, Zhou et al. 2023), so that it agrees with it.
+4. ``layerskip``: continual pretraining of the target with the LayerSkip recipe (Elhoushi et al. 2024): layer
+   dropout rising with depth and an early-exit loss through the shared final norm and LM head, so that the
+   target's first layers draft for ``LayerSkipDrafter``. It replaces the saved target and reports the held-out
+   loss at every exit layer.
 
 Each model is saved as ``float16`` safetensors (to keep the shipped weights small) with a model card holding
 its held-out loss and the command that retrains it. Training uses bfloat16 autocast on the CPU.
@@ -18,11 +22,14 @@ Usage::
     python examples/train_demo_family.py --data ../shared/data --out hf_speculators/demo \\
         --target-minutes 50 --draft-minutes 18
 
-``--target-steps`` / ``--draft-steps`` replace the time budget with a fixed number of steps (to reproduce a
-run exactly, pass the step counts its model cards record).
+``--target-steps`` / ``--draft-steps`` / ``--layerskip-steps`` replace the time budget with a fixed number of
+steps (to reproduce a run exactly, pass the step counts its model cards record). ``--stages`` picks the stages;
+a stage that is skipped reads what an earlier run saved under ``--out``.
 """
 
 import argparse
+import contextlib
+import functools
 import json
 import math
 import os
@@ -43,6 +50,13 @@ BATCH = 8
 HELD_OUT_EVERY = 50  # every 50th document is held out for evaluation
 MAX_PYTHON_BYTES = 10_000_000  # keep English about half of the corpus
 
+# LayerSkip (Elhoushi et al. 2024) continual pretraining: the last layer's dropout rate, the rotation of the
+# early-exit curriculum (each step adds the exit loss of every ROTATION-th layer, rotating) and its scale
+LAYER_DROPOUT_MAX = 0.1
+EARLY_EXIT_ROTATION = 3
+EARLY_EXIT_SCALE = 1.0
+
+STAGES = ("tokenizer", "target", "draft", "layerskip")
 TARGET_SHAPE = dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024, num_attention_heads=6)
 DRAFT_SHAPE = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=768, num_attention_heads=4)
 
@@ -91,14 +105,15 @@ def batches(stream: np.ndarray, generator: np.random.Generator):
         yield torch.from_numpy(np.stack([stream[s : s + SEQ_LEN] for s in starts]).astype(np.int64))
 
 
-def learning_rate(step: int, total: int, peak: float, warmup: int = 200) -> float:
+def learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: float, label: str) -> int:
+def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: float, label: str,
+          warmup: int = 200) -> int:
     """Runs AdamW with warmup and cosine decay; the step count is fixed after 20 steps from the time budget."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     data = batches(stream, np.random.default_rng(0))
@@ -109,7 +124,7 @@ def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: fl
             total = int(minutes * 60 / ((time.time() - start) / 20))
             print(f"[{label}] {total} steps fit in {minutes} minutes", flush=True)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, total, peak_lr)
+            group["lr"] = learning_rate(step, total, peak_lr, warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = loss_fn(next(data))
         loss.backward()
@@ -139,6 +154,81 @@ def evaluate(target, draft, stream: np.ndarray, windows: int = 64) -> dict:
     return {key: round(value / (windows // BATCH), 4) for key, value in sums.items()}
 
 
+class LayerSkipRecipe:
+    """The LayerSkip training recipe (Elhoushi et al. 2024, section 4.1) on a Llama model, through forward hooks.
+
+    - Layer dropout: in training, decoder layer l of L is skipped for a whole sequence with probability
+      ``LAYER_DROPOUT_MAX * (exp(l ln 2 / (L - 1)) - 1)``: 0 at the first layer, rising to the maximum at the last.
+    - Early-exit loss: the cross-entropy of the shared final norm and LM head after layer l, added to the
+      final-layer loss for the layers with ``(l + step) % EARLY_EXIT_ROTATION == 0`` (rotational curriculum),
+      each scaled by ``EARLY_EXIT_SCALE * (l + 1) / L`` so that deeper exits weigh more.
+    """
+
+    def __init__(self, model):
+        self.model, self.exits, self.exit_states, self.step = model, set(), {}, 0
+        depth = model.config.num_hidden_layers
+        self.drop_rates = [LAYER_DROPOUT_MAX * (math.exp(i * math.log(2) / (depth - 1)) - 1) for i in range(depth)]
+
+    @contextlib.contextmanager
+    def hooked(self):
+        handles = [layer.register_forward_hook(functools.partial(self._after_layer, i), with_kwargs=True)
+                   for i, layer in enumerate(self.model.model.layers)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _after_layer(self, index, module, args, kwargs, output):
+        hidden_in = args[0] if args else kwargs["hidden_states"]
+        if self.model.training and self.drop_rates[index] > 0:
+            keep = torch.rand(output.shape[0], 1, 1) >= self.drop_rates[index]
+            output = torch.where(keep, output, hidden_in)
+        if index in self.exits:
+            self.exit_states[index] = output
+        return output
+
+    def exit_loss(self, index: int, ids: torch.LongTensor) -> torch.Tensor:
+        """Cross-entropy (nats per token) of the exit after layer `index` (0-based), recorded by the last forward."""
+        logits = self.model.lm_head(self.model.model.norm(self.exit_states[index]))
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+    def loss(self, ids: torch.LongTensor) -> torch.Tensor:
+        depth = self.model.config.num_hidden_layers
+        self.exits = {i for i in range(depth - 1) if (i + self.step) % EARLY_EXIT_ROTATION == 0}
+        self.step += 1
+        loss = self.model(ids, labels=ids).loss
+        for i in self.exits:
+            loss = loss + EARLY_EXIT_SCALE * (i + 1) / depth * self.exit_loss(i, ids)
+        return loss
+
+    @torch.no_grad()
+    def held_out_exit_losses(self, stream: np.ndarray, windows: int = 64) -> list[float]:
+        """Held-out cross-entropy at every exit layer 1..L (fp32, nats per token); the last is the full model's."""
+        depth = self.model.config.num_hidden_layers
+        self.exits, sums, data = set(range(depth)), [0.0] * depth, batches(stream, np.random.default_rng(1))
+        for _ in range(windows // BATCH):
+            ids = next(data)
+            self.model(ids)
+            sums = [total + self.exit_loss(i, ids).item() for i, total in enumerate(sums)]
+        self.exits = set()
+        return [round(total / (windows // BATCH), 4) for total in sums]
+
+
+def layerskip_continual_pretraining(target, stream, minutes: float, steps: int | None) -> int:
+    """Continues training `target` with the LayerSkip recipe (`LayerSkipRecipe`); returns the steps it ran."""
+    target.requires_grad_(True)
+    recipe = LayerSkipRecipe(target)
+    with recipe.hooked():
+        return train(target, recipe.loss, stream, minutes, steps, 5e-4, "layerskip", warmup=50)
+
+
+def held_out_exit_losses(model, held_out: np.ndarray) -> list[float]:
+    recipe = LayerSkipRecipe(model)
+    with recipe.hooked():
+        return recipe.held_out_exit_losses(held_out)
+
+
 def build_model(shape: dict, tokenizer) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
@@ -157,9 +247,18 @@ def save(model, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def model_card(role: str, model, steps: int, stats: dict, command: str) -> str:
+def model_card(role: str, model, steps: dict, stats: dict, command: str) -> str:
     params = sum(p.numel() for p in model.parameters())
     c = model.config
+    recipe = {
+        "target": f"next-token cross-entropy for {steps['target']} steps (peak learning rate 2e-3, warmup 200), then "
+                  f"{steps['layerskip']} steps of LayerSkip continual pretraining (peak 5e-4, warmup 50): layer "
+                  f"dropout rising with depth to {LAYER_DROPOUT_MAX} and an early-exit loss through the shared "
+                  f"final norm and LM head at every {EARLY_EXIT_ROTATION}rd layer, rotating (Elhoushi et al. 2024)",
+        "draft": f"forward KL to the next-token distribution of the target (DistillSpec) as it was before its "
+                 f"LayerSkip stage, {steps['draft']} steps (peak learning rate 3e-3, warmup 200)",
+    }[role]
+    exits = " | ".join(f"{i + 1}: {loss}" for i, loss in enumerate(stats["exit_losses"]))
     return f"""---
 license: apache-2.0
 library_name: transformers
@@ -178,12 +277,13 @@ It writes Shakespeare-like verse, GSM8K-style arithmetic and Python; it is not a
 - Data: Tiny Shakespeare (karpathy/char-rnn), GSM8K train (openai/grade-school-math), and about
   {MAX_PYTHON_BYTES // 1_000_000} MB of the Python {'.'.join(map(str, __import__('sys').version_info[:2]))} standard library's source (tests excluded).
   Every {HELD_OUT_EVERY}th document is held out.
-- Recipe: {'next-token cross-entropy' if role == 'target' else 'forward KL to the target next-token distribution (DistillSpec)'},
-  AdamW (betas 0.9/0.95, weight decay 0.1), warmup 200 steps then cosine decay to 10%, {steps} steps of
+- Recipe: {recipe}. AdamW (betas 0.9/0.95, weight decay 0.1), cosine decay to 10%, batches of
   {BATCH} x {SEQ_LEN} tokens, bfloat16 autocast on CPU. Weights stored in float16, loaded in float32.
-- Held-out evaluation (float32): cross-entropy of the target {stats["target_loss"]} and of the draft
-  {stats["draft_loss"]} nats per token; the draft's argmax equals the target's on {stats["top1_agreement"]:.1%}
-  of held-out positions.
+- Held-out evaluation (float32, nats per token): target {stats["target_loss"]} (before its LayerSkip stage
+  {stats["plain_target_loss"]}), draft {stats["draft_loss"]}; the draft's argmax equals the target's on
+  {stats["top1_agreement"]:.1%} of held-out positions.
+- The target's held-out loss when it exits after layer l (its first l layers, final norm and LM head; what
+  `LayerSkipDrafter(exit_layer=l)` drafts with): {exits}.
 
 Retrain with:
 
@@ -207,37 +307,70 @@ def distill_draft(target, tokenizer, stream, minutes: float, steps: int | None):
     return draft, train(draft, distill_loss, stream, minutes, steps, 3e-3, "draft")
 
 
+def load_saved(out: Path, role: str):
+    return LlamaForCausalLM.from_pretrained(out / role, dtype=torch.float32)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("hf_speculators/demo"))
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {STAGES}")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--target-minutes", type=float, default=50)
     parser.add_argument("--draft-minutes", type=float, default=18)
+    parser.add_argument("--layerskip-minutes", type=float, default=20)
     parser.add_argument("--target-steps", type=int)
     parser.add_argument("--draft-steps", type=int)
+    parser.add_argument("--layerskip-steps", type=int)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
+    stages = args.stages.split(",")
+    skipped_without_steps = [s for s in STAGES[1:] if s not in stages and getattr(args, f"{s}_steps") is None]
+    if skipped_without_steps:
+        parser.error(f"pass --{{stage}}-steps for the skipped stages {skipped_without_steps} (their model cards need it)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     docs = load_documents(args.data)
-    tokenizer = train_tokenizer(docs, args.out, args.vocab_size)
+    if "tokenizer" in stages:
+        tokenizer = train_tokenizer(docs, args.out, args.vocab_size)
+    else:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "target")
     train_stream, held_out = encode_splits(docs, tokenizer)
     print(f"{len(docs)} documents, {len(train_stream)} train / {len(held_out)} held-out tokens", flush=True)
 
-    target = build_model(TARGET_SHAPE, tokenizer)
-    target_loss = lambda ids: target(ids, labels=ids).loss  # noqa: E731
-    target_steps = train(target, target_loss, train_stream, args.target_minutes, args.target_steps, 2e-3, "target")
-    save(target, args.out / "target")
-    draft, draft_steps = distill_draft(target, tokenizer, train_stream, args.draft_minutes, args.draft_steps)
-    save(draft, args.out / "draft")
+    steps = {"target": args.target_steps, "draft": args.draft_steps, "layerskip": args.layerskip_steps}
+    if "target" in stages:
+        target = build_model(TARGET_SHAPE, tokenizer)
+        target_loss = lambda ids: target(ids, labels=ids).loss  # noqa: E731
+        steps["target"] = train(target, target_loss, train_stream, args.target_minutes, args.target_steps, 2e-3,
+                                "target")
+        save(target, args.out / "target")
+    else:
+        target = load_saved(args.out, "target")
+    if "draft" in stages:
+        draft, steps["draft"] = distill_draft(target, tokenizer, train_stream, args.draft_minutes, args.draft_steps)
+        save(draft, args.out / "draft")
+    else:
+        draft = load_saved(args.out, "draft")
+    plain_target_loss = "not measured in this run"  # the saved target may have had its LayerSkip stage already
+    if "layerskip" in stages:
+        plain_exit_losses = held_out_exit_losses(target, held_out)
+        print(f"[layerskip] before: held-out loss per exit layer {plain_exit_losses}", flush=True)
+        plain_target_loss = evaluate(target, None, held_out)["target_loss"]
+        torch.manual_seed(0)  # layer dropout draws the same whichever stages ran before
+        steps["layerskip"] = layerskip_continual_pretraining(target, train_stream, args.layerskip_minutes,
+                                                             args.layerskip_steps)
+        save(target, args.out / "target")
 
     stats = evaluate(target, draft, held_out)
+    stats.update(plain_target_loss=plain_target_loss, exit_losses=held_out_exit_losses(target, held_out))
     print(stats, flush=True)
     command = (f"python examples/train_demo_family.py --data {args.data} --out {args.out} --vocab-size "
-               f"{args.vocab_size} --target-steps {target_steps} --draft-steps {draft_steps}")
-    for role, model, steps in (("target", target, target_steps), ("draft", draft, draft_steps)):
+               f"{args.vocab_size} --target-steps {steps['target']} --draft-steps {steps['draft']} "
+               f"--layerskip-steps {steps['layerskip']}")
+    for role, model in (("target", target), ("draft", draft)):
         (args.out / role / "README.md").write_text(model_card(role, model, steps, stats, command))
 
 

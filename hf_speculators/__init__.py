@@ -2,7 +2,10 @@
 
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
-from .drafters import DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, PromptLookupDrafter, StaticTree, TreeDrafter
+from . import layers
+from .drafters import (
+    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, StaticTree, TreeDrafter,
+)
 from .metrics import SpeculativeStats
 from .tree import TokenTree
 from .types import Draft, Verdict
@@ -24,6 +27,7 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "LayerSkipDrafter",
     "DynamicTree",
     "ExactVerifier",
     "NodewiseVerifier",

@@ -13,8 +13,10 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     prompt_tokens, truncated                      prompt length in tokens after truncation; whether it was cut
     new_tokens, seconds, tokens_per_s             tokens generated, wall-clock seconds of the generate call
     identical_to_plain                            whether the generated ids equal plain greedy decoding's
-    num_target_forwards                           target forward calls (counted with a hook, for every method)
-    forward_seconds                               seconds inside target and draft forwards (hooks; CPU-exact)
+    num_target_forwards                           whole-target forward calls (a hook, for every method; layer
+                                                  skip's verification runs only the upper layers, not counted)
+    forward_seconds                               seconds inside target and draft forwards and the target's
+                                                  decoder layers run on their own (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
@@ -40,11 +42,14 @@ from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
 from .decoding import generate
+from .layers import DecoderLayers
 from .metrics import SpeculativeStats, clock
 from .verifiers import resolve_verifier
 
 METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
-           "draft-model-tree")
+           "draft-model-tree", "hf-early-exit", "layer-skip")
+EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in EXIT_LAYER_METHODS)  # those that need no exit layer
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
@@ -264,7 +269,7 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _check_methods(methods: Sequence[str], draft) -> list[str]:
+def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> list[str]:
     """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names."""
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
@@ -273,6 +278,9 @@ def _check_methods(methods: Sequence[str], draft) -> list[str]:
     needs_draft = [m for m in chosen if m in DRAFT_MODEL_METHODS]
     if needs_draft and draft is None:
         raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= or drop them from methods.")
+    needs_exit = [m for m in chosen if m in EXIT_LAYER_METHODS]
+    if needs_exit and exit_layer is None:
+        raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
     return chosen
 
 
@@ -282,6 +290,8 @@ def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: 
         return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
     if method == "hf-assisted":
         return {"assistant_model": draft}  # its number of tokens, schedule and threshold: _pinned_assistant_config
+    if method == "hf-early-exit":  # the target is its own assistant: pinned on the target's config
+        return {"assistant_early_exit": drafter_options["exit_layer"]}
     if method in speculative_methods.METHODS:
         drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
                                                    max_ngram_size=max_ngram_size, **drafter_options)
@@ -328,12 +338,22 @@ class _Run:
     stats: SpeculativeStats | None
 
 
+def _decoder_layers(model) -> list:
+    """The decoder layers of `model` when layer skip can run them (it calls them outside the model's forward)."""
+    try:
+        return list(DecoderLayers(model).layers)
+    except ValueError:
+        return []
+
+
 @contextmanager
 def _forward_timer(target, draft):
     """Counts target forwards and adds up the seconds spent inside target and draft forwards (module hooks).
 
-    Yields a dict with `num_target_forwards` and `forward_seconds`; on CUDA the hooks time kernel launches
-    and waits, not the GPU work, so `forward_seconds` is exact on CPU only.
+    The target's decoder layers are timed too when they run outside its forward (layer skip); a layer inside a
+    timed forward is counted with it. Yields a dict with `num_target_forwards` (whole-model forwards) and
+    `forward_seconds`; on CUDA the hooks time kernel launches and waits, not the GPU work, so `forward_seconds`
+    is exact on CPU only.
     """
     totals = {"num_target_forwards": 0, "forward_seconds": 0.0}
     starts = []
@@ -343,10 +363,12 @@ def _forward_timer(target, draft):
         totals["num_target_forwards"] += module is target
 
     def after(module, args, output):
-        totals["forward_seconds"] += time.perf_counter() - starts.pop()
+        start = starts.pop()
+        if not starts:  # the outermost timed module
+            totals["forward_seconds"] += time.perf_counter() - start
 
-    models = [m for m in (target, draft) if m is not None]
-    hooks = [h for m in models for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    modules = [m for m in (target, draft) if m is not None] + _decoder_layers(target)
+    hooks = [h for m in modules for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
         yield totals
     finally:
@@ -453,7 +475,7 @@ def run_benchmark(
     draft,
     tokenizer,
     prompts: Sequence[Prompt | str],
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     max_new_tokens: int = 128,
     num_draft_tokens: int = 5,
     out_path: str | Path | None = None,
@@ -468,6 +490,7 @@ def run_benchmark(
     num_candidates: int | None = None,
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
+    exit_layer: int | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -483,8 +506,12 @@ def run_benchmark(
     - `"draft-model"`: `DraftModelDrafter(draft, num_draft_tokens)` via `custom_generate`.
     - `"draft-model-tree"`: `TreeDrafter(draft, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))` via `custom_generate` (EAGLE-2 dynamic tree).
+    - `"hf-early-exit"`: transformers' `assistant_early_exit=exit_layer`: the target drafts with its first
+      `exit_layer` layers and a separate draft cache, pinned like `"hf-assisted"` (on the target's config).
+    - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens)` via `custom_generate`: the same early
+      exit, writing into the target's own cache.
 
-    Our four methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
+    Our methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
     `exact=False` and a differing output is not a mismatch.
 
     Args:
@@ -493,7 +520,8 @@ def run_benchmark(
             needed by `"hf-assisted"` and `"draft-model"`.
         tokenizer (`PreTrainedTokenizerBase`): the target's tokenizer.
         prompts (`Sequence[Prompt | str]`): the prompts, e.g. from `load_prompts`; a string is `Prompt(text)`.
-        methods (`Sequence[str]`, defaults to all of `METHODS`): the methods to compare; `"plain"` is added.
+        methods (`Sequence[str]`, defaults to `DEFAULT_METHODS`, those of `METHODS` that need no exit layer): the
+            methods to compare; `"plain"` is added.
         max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first).
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         out_path (`str` or `Path`, *optional*): JSONL file for the records (overwritten, one line per record,
@@ -512,17 +540,20 @@ def run_benchmark(
             drafter's default, `"latest"`).
         num_candidates, tree_top_k, tree_nodes (`int`, *optional*): `"prompt-lookup-tree"`'s continuations and
             `"draft-model-tree"`'s `DynamicTree(top_k, num_nodes)`; `None` keeps the defaults (4; 4 and 24).
+        exit_layer (`int`, *optional*): the layers that draft for `"hf-early-exit"` and `"layer-skip"` (required
+            by them).
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
         an exact method's output differed from plain greedy decoding (the CLI then exits non-zero).
 
     Raises:
-        `ValueError`: for an unknown method or verifier, a draft method without `draft`, no prompts, a size below 1
+        `ValueError`: for an unknown method or verifier, a draft method without `draft`, an exit-layer method
+            without `exit_layer`, no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
-    methods = _check_methods(methods, draft)
+    methods = _check_methods(methods, draft, exit_layer)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
@@ -533,7 +564,7 @@ def run_benchmark(
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
-                       "tree_nodes": tree_nodes}
+                       "tree_nodes": tree_nodes, "exit_layer": exit_layer}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
                 "verifier": repr(verifier), **drafter_options}
@@ -543,6 +574,8 @@ def run_benchmark(
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:
             stack.enter_context(_pinned_assistant_config(draft, num_draft_tokens))
+        if "hf-early-exit" in methods:
+            stack.enter_context(_pinned_assistant_config(target, num_draft_tokens))
         if out_path is not None:
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None

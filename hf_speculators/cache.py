@@ -2,7 +2,7 @@
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 def prepare_cache(cache: Cache | None, config) -> DynamicCache:
@@ -32,6 +32,14 @@ def rollback(cache: Cache, num_tokens: int) -> None:
         cache.crop(-num_tokens)
 
 
+def truncate_layers(cache: Cache, length: int) -> None:
+    """Keeps the first `length` tokens in every layer of `cache`, whatever each layer holds (layers may differ)."""
+    for layer in cache.layers:
+        excess = layer.get_seq_length() - length
+        if excess > 0:
+            layer.crop(-excess)
+
+
 def truncate(cache: Cache, length: int) -> None:
     """Keeps the first `length` tokens of `cache` (no-op if it holds `length` or fewer)."""
     rollback(cache, cache.get_seq_length() - length)
@@ -48,6 +56,25 @@ def check_tree_support(cache: Cache) -> None:
         raise ValueError(
             f"Token trees need full-attention cache layers; this model's cache has {unsupported}. Use a drafter "
             "that proposes chains (e.g. DraftModelDrafter, or PromptLookupDrafter with num_candidates=1)."
+        )
+
+
+def check_layerwise_support(cache: Cache, max_length: int) -> None:
+    """Raises `ValueError` unless every layer of `cache` attends to all earlier tokens up to `max_length` tokens.
+
+    Layer skip runs decoder layers itself with a causal mask over the whole cache: right for full-attention layers,
+    and for sliding-window layers whose window holds the whole sequence.
+    """
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            continue
+        if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window >= max_length:
+            continue
+        window = getattr(layer, "sliding_window", None)
+        raise ValueError(
+            f"Layer skip needs full-attention cache layers; this model's cache has {type(layer).__name__}"
+            + (f" with a window of {window} tokens, shorter than max_length={max_length}" if window else "")
+            + ". Lower max_length to the window, or use DraftModelDrafter or PromptLookupDrafter."
         )
 
 

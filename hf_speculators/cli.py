@@ -8,6 +8,7 @@ import sys
 import torch
 from transformers import TextStreamer
 
+from .benchmark import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
@@ -84,6 +85,7 @@ def _add_generate(commands) -> None:
                           "the flags below override its settings")
     _add_model_options(gen, threads=None, from_preset=True)
     gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
+    gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
     gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
     gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
@@ -104,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
     _add_prompt_options(bench)
     _add_model_options(bench, threads=1, from_preset=False)
-    bench.add_argument("--methods", default=",".join(BENCH_METHODS), help=f"comma-separated: {','.join(BENCH_METHODS)}")
+    bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
+                       help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
+    bench.add_argument("--exit-layer", type=int, default=None, help="hf-early-exit and layer-skip: the layers that draft")
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
@@ -118,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1, from_preset=False)
     sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
+    sweep.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     _add_tree_options(sweep)
     sweep.add_argument("--typical-epsilons", type=_float_list, default=list(DEFAULT_TYPICAL_EPSILONS),
                        help="typical settings: epsilon values, delta = sqrt(epsilon) (comma-separated)")
@@ -137,7 +142,7 @@ def _drafter(args, draft_model=None, draft_tokenizer=None):
     """The drafter of `args.method` with the command's drafter options."""
     return make_drafter(args.method, draft_model, num_draft_tokens=args.num_draft_tokens,
                         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-                        draft_tokenizer=draft_tokenizer)
+                        draft_tokenizer=draft_tokenizer, exit_layer=args.exit_layer)
 
 
 def config_from_args(args) -> SpeculativeConfig:
@@ -145,7 +150,7 @@ def config_from_args(args) -> SpeculativeConfig:
     flags = {
         "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
-        "target_model": args.model,
+        "target_model": args.model, "exit_layer": args.exit_layer,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -192,6 +197,7 @@ def run_bench(args) -> int:
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
+        exit_layer=args.exit_layer,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1

@@ -16,7 +16,7 @@ from .vllm_export import to_vllm
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
-    "layer-skip": (("exit_layer",), ()),  # LayerSkipDrafter: not in this version yet
+    "layer-skip": (("exit_layer",), ()),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
 }
@@ -63,8 +63,9 @@ class SpeculativeConfig:
 
     Args:
         method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
-            `"draft-model"`, `"tree"` (`TreeDrafter`), and methods that load as a config but cannot be built in
-            this version (`"layer-skip"` and the speculators drafter types in `SPECULATORS_TYPES`).
+            `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), and methods that load
+            as a config but cannot be built in this version (the speculators drafter types in
+            `SPECULATORS_TYPES`).
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1.
         max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
         draft_model (`str`, *optional*): the draft model: a Hub id, a local folder or a demo id

@@ -113,6 +113,7 @@ class _SpeculativeDecoding:
         """One step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
         # 1. draft, no deeper than the length budget leaves room for (the next token takes one place)
         start = self._clock()
+        num_cached = self.cache.get_seq_length()  # before drafting: a drafter may write into the cache (layer skip)
         budget = min(self.drafter.num_draft_tokens, self.generation_config.max_length - input_ids.shape[1] - 1)
         draft = self.drafter.propose(input_ids, budget) if budget > 0 else Draft.empty(input_ids.device)
         tree = draft.tree  # a chain is the tree whose every node has one child
@@ -121,9 +122,9 @@ class _SpeculativeDecoding:
         verify_start = self._clock()
         self.stats.draft_time += verify_start - start
         # 2. one target forward over the pending tokens and every draft node (a tree with its own 4D mask)
-        pending = input_ids[:, self.cache.get_seq_length() :]
-        step_ids = torch.cat([pending, draft.token_ids[None].to(input_ids.device)], dim=-1)
-        logits = forward_logits(self.model, self.cache, step_ids, tree, input_ids.shape[1], draft.num_nodes + 1)
+        step_ids = torch.cat([input_ids[:, num_cached:], draft.token_ids[None].to(input_ids.device)], dim=-1)
+        logits = self.drafter.target_forward(self.model, self.cache, step_ids, tree, input_ids.shape[1],
+                                             draft.num_nodes + 1)
         # 3. logits processors per row, each with the committed tokens and its node's path as the prefix
         prefixes = tree.prefixes(input_ids, draft.token_ids, range(-1, draft.num_nodes))
         scores = process_logits(self.logits_processor, prefixes, logits)  # [num_nodes + 1, vocab]
@@ -241,7 +242,7 @@ def generate(
     verifier = resolve_verifier(verifier, generation_config.do_sample)
     cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
     generator = generator if generator is not None else _default_generator(input_ids.device)
-    candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer)
+    candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer, cache)
     run = _SpeculativeDecoding(model, candidate_generator, verifier, cache, generation_config, logits_processor,
                                stopping_criteria, generator, speculative_streamer)
     if speculative_streamer is not None:

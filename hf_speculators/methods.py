@@ -1,8 +1,8 @@
 """The named speculative methods of the command line and the benchmark, and the drafter each one builds."""
 
-from .drafters import DraftModelDrafter, Drafter, DynamicTree, PromptLookupDrafter, TreeDrafter
+from .drafters import DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, TreeDrafter
 
-METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree")
+METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip")
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
@@ -23,6 +23,7 @@ def make_drafter(
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
     draft_tokenizer=None,
+    exit_layer: int | None = None,
 ) -> Drafter:
     """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
 
@@ -31,14 +32,20 @@ def make_drafter(
     - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
+    - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens)`, the target's own first layers.
 
     Raises:
-        `ValueError`: an unknown method, a draft-model method without `draft_model`, or an invalid option.
+        `ValueError`: an unknown method, a draft-model method without `draft_model`, layer skip without
+            `exit_layer`, or an invalid option.
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
     if method in DRAFT_MODEL_METHODS and draft_model is None:
         raise ValueError(f"Method {method!r} needs a draft model.")
+    if method == "layer-skip":
+        if exit_layer is None:
+            raise ValueError("Method 'layer-skip' needs an exit layer (--exit-layer E): the layers that draft.")
+        return LayerSkipDrafter(exit_layer, **_given(num_draft_tokens=num_draft_tokens))
     if method == "prompt-lookup":
         return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
                                             prefer=prefer))

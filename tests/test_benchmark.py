@@ -118,6 +118,7 @@ def test_load_prompts_errors(tmp_path, name, content, limit, error, message):
     "kwargs, message",
     [
         ({"methods": ["plain", "medusa"]}, "Unknown benchmark methods"),
+        ({"methods": ["layer-skip"]}, r"Methods \['layer-skip'\] need an exit layer: pass exit_layer="),
         ({"prompts": []}, "No prompts"),
         ({"chat_template": True}, "has no chat template"),
         ({"max_prompt_tokens": 0}, "max_prompt_tokens must be an integer >= 1"),
@@ -145,7 +146,7 @@ def test_run_benchmark_rejects_too_many_new_tokens(target, draft, tokenizer):
 @pytest.fixture(scope="module")
 def run(target, draft, tokenizer, tmp_path_factory):
     out_path = tmp_path_factory.mktemp("bench") / "results.jsonl"
-    result = bench(target, draft, tokenizer, out_path=out_path, verbose=False)
+    result = bench(target, draft, tokenizer, out_path=out_path, verbose=False, methods=METHODS, exit_layer=1)
     return result, out_path
 
 

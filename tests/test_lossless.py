@@ -228,11 +228,13 @@ def test_generator_argument_through_enable(zoo, fresh_target):
     assert sampled_output(3) != sampled_output(4)
 
 
-def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo):
-    """First two tokens of `hs.generate` with a draft model, top-k and temperature: distributed as the target's.
+@pytest.mark.parametrize("drafter_kind", ["draft_model", "layer_skip"])
+def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo, drafter_kind):
+    """First two tokens of `hs.generate` with top-k and temperature: distributed as the target's.
 
-    The draft (a perturbed copy of the target) overlaps the target's top-3 in part, so accepted draft tokens,
-    recovered tokens and bonus tokens all occur.
+    The draft model (a perturbed copy of the target) and the target's own first layer (layer skip, drafting into
+    the target's cache) overlap the target's top-3 in part, so accepted draft tokens, recovered tokens and bonus
+    tokens all occur.
 
     Calls `hs.generate` directly with the processors transformers would build, to keep 2000 runs fast.
     """
@@ -251,7 +253,10 @@ def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo):
             joint[i] = first[token] * target_distribution(torch.cat([prompt, torch.tensor([[token]])], dim=-1))
 
     generator = torch.Generator().manual_seed(0)
-    drafter = hs.DraftModelDrafter(zoo.noisy_draft("llama"), num_draft_tokens=2)  # partly accepted
+    drafter = {  # both partly accepted
+        "draft_model": lambda: hs.DraftModelDrafter(zoo.noisy_draft("llama"), num_draft_tokens=2),
+        "layer_skip": lambda: hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=2),
+    }[drafter_kind]()
     # the fields a transformers-prepared config has set (a fresh GenerationConfig leaves them None)
     config = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 2, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False,

@@ -7,6 +7,7 @@ from transformers import (
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
+    MistralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
@@ -29,6 +30,10 @@ def make_config(arch: str, hidden_size: int, num_layers: int, vocab_size: int = 
     if arch == "qwen2":
         return Qwen2Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
+    if arch == "mistral":  # full attention (sliding_window=None, as Mistral 7B v0.2 and later)
+        return MistralConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                             sliding_window=None, **common)
     if arch == "qwen2_sliding":  # layer 1 attends to a 5-token window: its cache keeps only recent tokens
         return Qwen2Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

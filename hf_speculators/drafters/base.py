@@ -1,9 +1,12 @@
 """The drafter interface, also usable as a transformers `CandidateGenerator`."""
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import Cache, GenerationConfig, LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from ..forward import forward_logits
+from ..sampling import process_logits, sample
+from ..tree import TokenTree
 from ..types import Draft
 
 
@@ -44,6 +47,7 @@ class Drafter(CandidateGenerator):
         logits_processor: LogitsProcessorList,
         generator: torch.Generator | None,
         tokenizer=None,
+        cache=None,
     ) -> None:
         """Starts a generate call: checks that this drafter fits `target` and resets per-call state.
 
@@ -53,6 +57,8 @@ class Drafter(CandidateGenerator):
             logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to draft logits too.
             generator (`torch.Generator`, *optional*): the only source of randomness for sampled drafts.
             tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for vocabulary checks.
+            cache (`DynamicCache`, *optional*): the target's KV cache of this call, for drafters that write into it
+                (layer skip); the others ignore it.
         """
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor
@@ -61,6 +67,27 @@ class Drafter(CandidateGenerator):
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
         """Returns a draft continuing `input_ids` of shape `(1, sequence_length)`, no path longer than `max_tokens`."""
         raise NotImplementedError(f"{type(self).__name__} must implement propose(input_ids, max_tokens)")
+
+    def target_forward(self, model, cache: Cache, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int,
+                       num_logits: int) -> torch.FloatTensor:
+        """The verification forward: the target's logits over the pending tokens and the draft's nodes.
+
+        By default one forward of the whole target (`forward_logits`, same arguments and result). A drafter that
+        already ran part of the target over these tokens while drafting (layer skip) finishes that forward here.
+        """
+        return forward_logits(model, cache, input_ids, tree, num_prefix, num_logits)
+
+    def _draft_token(self, prefix: torch.LongTensor, logits: torch.FloatTensor):
+        """Picks the next draft token from raw logits `(1, vocab_size)` continuing `prefix` `(1, length)`.
+
+        The logits go through the call's processors as the target's do; returns the token `()` and, when
+        sampling, the distribution `(vocab_size,)` it was drawn from (`None` for the greedy argmax).
+        """
+        scores = process_logits(self.logits_processor, [prefix], logits)
+        if not self.do_sample:
+            return scores[0].argmax(), None
+        probs = torch.softmax(scores[0], dim=-1)
+        return sample(probs, self.generator), probs
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         draft = self.propose(input_ids, self.num_draft_tokens)

@@ -4,7 +4,6 @@ import torch
 
 from ..cache import prepare_cache, truncate
 from ..forward import forward_logits
-from ..sampling import process_logits, sample
 from ..tree import TokenTree
 from ..types import Draft
 from .base import Drafter
@@ -76,9 +75,9 @@ class DraftModelDrafter(Drafter):
         self.vocab_size = vocabulary_size(draft_model)
         self._reset_cache()
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         check_same_vocabulary(target, self.draft_model, tokenizer, self.draft_tokenizer)
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
         self.vocab_size = vocabulary_size(target)
         self._reset_cache()
 
@@ -116,18 +115,14 @@ class DraftModelDrafter(Drafter):
         # 2. draft one token per forward
         for _ in range(max_tokens):
             logits = self._logits(new_ids[None], no_nodes, prefix.shape[1], 1, input_ids.device)
-            scores = process_logits(self.logits_processor, [prefix], logits)
-            if self.do_sample:
-                probs.append(torch.softmax(scores[0], dim=-1))
-                token = sample(probs[-1], self.generator)
-            else:
-                token = scores[0].argmax()
+            token, token_probs = self._draft_token(prefix, logits)
             tokens.append(token)
+            probs.append(token_probs)
             new_ids = token[None].to(self.draft_model.device)
             prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
         # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
         self._cached_ids = prefix[0, : self._cache.get_seq_length()]
-        draft_probs = torch.stack(probs) if probs else None
+        draft_probs = torch.stack(probs) if self.do_sample and probs else None
         return Draft.chain(torch.stack(tokens) if tokens else input_ids.new_empty(0), draft_probs)
 
     def __repr__(self) -> str:

@@ -60,8 +60,8 @@ class PromptLookupDrafter(Drafter):
         self.eos_token_ids: set[int] = set()
         self._reset_index()
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
         eos = generation_config.eos_token_id
         self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
         self._reset_index()

@@ -185,8 +185,8 @@ class TreeDrafter(DraftModelDrafter):
         self.tree = tree_shape(tree)
         super().__init__(draft_model, num_draft_tokens=self.tree.depth, draft_tokenizer=draft_tokenizer)
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None) -> None:
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer)
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
         check_tree_support(self._cache)
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.vocab_size:
             raise ValueError(

@@ -1,0 +1,125 @@
+"""Self-speculative drafting with the target's first layers, writing into the target's own KV cache (layer skip)."""
+
+import torch
+
+from ..cache import check_layerwise_support, truncate_layers
+from ..layers import DecoderLayers
+from ..types import Draft
+from .base import Drafter
+
+
+def _positions(num_prefix: int, num_tokens: int, device) -> torch.LongTensor:
+    """Position ids `(1, num_tokens)` of the last `num_tokens` of `num_prefix` tokens."""
+    return torch.arange(num_prefix - num_tokens, num_prefix, device=device)[None]
+
+
+class LayerSkipDrafter(Drafter):
+    """Drafts with the target's own first `exit_layer` decoder layers, final norm and LM head, sharing its KV cache.
+
+    Self-speculative decoding with early exit (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al.
+    2023). With E = `exit_layer`, L the target's layers, x the pending token and d_1..d_k the draft tokens:
+
+    1. Drafting runs layers `[0, E)` over x, d_1, ..., d_k, one token per pass. Each pass writes the keys and
+       values of layers < E into the target's own cache; the layer-E hidden states of the first k passes,
+       through the final norm and LM head, give d_1..d_k. The last pass only completes the cache and the
+       hidden states for d_k.
+    2. Verification (`target_forward`) runs only layers `[E, L)` over x, d_1..d_k in one forward, starting from
+       the layer-E hidden states of step 1: nothing below layer E is computed twice.
+    3. The speculative loop then drops the rejected tokens from every layer of the cache.
+
+    No second model is held in memory. Early exits draft well only from a model trained for them (the LayerSkip
+    recipe: layer dropout and an early-exit loss, as the demo target was). Runs only inside
+    `hf_speculators.generate`, on the model types of `DecoderLayers` (Llama, Mistral, Qwen2, Qwen3, GPT-NeoX,
+    GPT-2). With sampling, `draft_probs` are the early exit's processed distribution, so rejection sampling stays
+    lossless. If drafting or verification raises, the cache is restored to its state before the step.
+
+    Args:
+        exit_layer (`int`): E, the number of layers that draft, from 1 to the target's layers minus one.
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k).
+
+    Raises:
+        `ValueError`: at construction for `exit_layer < 1` or `num_draft_tokens < 1`; at the start of generation
+            for `exit_layer` at or over the target's number of layers, a model `DecoderLayers` cannot run, or
+            sliding-window cache layers shorter than `max_length`.
+        `RuntimeError`: from `get_candidates`: transformers' own assisted loop cannot share the target's cache.
+    """
+
+    name = "layer-skip"
+
+    def __init__(self, exit_layer: int, num_draft_tokens: int = 5):
+        super().__init__(num_draft_tokens)
+        if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or exit_layer < 1:
+            raise ValueError(f"exit_layer must be an integer >= 1 (the number of layers that draft), got {exit_layer!r}.")
+        self.exit_layer = exit_layer
+        self._layers = self._cache = self._exit_hidden = None
+
+    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
+        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
+        if cache is None:
+            raise ValueError(
+                "LayerSkipDrafter drafts into the target's own KV cache, which hf_speculators.generate passes to "
+                "prepare(); run it through model.generate(..., custom_generate=hf_speculators.generate)."
+            )
+        layers = DecoderLayers(target)
+        if self.exit_layer >= layers.num_layers:
+            raise ValueError(
+                f"exit_layer={self.exit_layer} leaves no layer to verify with: this model has {layers.num_layers} "
+                f"layers; choose an exit layer from 1 to {layers.num_layers - 1}."
+            )
+        check_layerwise_support(cache, generation_config.max_length)
+        self._layers, self._cache, self._exit_hidden = layers, cache, None
+
+    def _early_layers(self, input_ids: torch.LongTensor, num_prefix: int) -> torch.FloatTensor:
+        """Layer-E hidden states `(1, n, hidden_size)` of `input_ids` `(1, n)`, the last n of `num_prefix` tokens."""
+        position_ids = _positions(num_prefix, input_ids.shape[1], input_ids.device)
+        hidden_states = self._layers.embed(input_ids, position_ids)
+        return self._layers.run(hidden_states, position_ids, range(self.exit_layer), self._cache, num_prefix)
+
+    @torch.no_grad()
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
+        num_cached = self._cache.get_seq_length()
+        fed, prefix = input_ids[:, num_cached:], input_ids  # the pending tokens, then one draft token per pass
+        tokens, probs, exit_hidden = [], [], []
+        try:
+            for _ in range(max_tokens):
+                exit_hidden.append(self._early_layers(fed, prefix.shape[1]))
+                token, token_probs = self._draft_token(prefix, self._layers.logits(exit_hidden[-1][:, -1]))
+                tokens.append(token)
+                probs.append(token_probs)
+                fed = token.view(1, 1)
+                prefix = torch.cat([prefix, fed], dim=-1)
+            exit_hidden.append(self._early_layers(fed, prefix.shape[1]))  # the last draft token's cache entries
+        except BaseException:
+            truncate_layers(self._cache, num_cached)
+            raise
+        self._exit_hidden = torch.cat(exit_hidden, dim=1)  # [1, pending + k, hidden_size]
+        return Draft.chain(torch.stack(tokens), torch.stack(probs) if self.do_sample else None)
+
+    def target_forward(self, model, cache, input_ids, tree, num_prefix, num_logits) -> torch.FloatTensor:
+        """Runs layers `[E, L)` over the pending and draft tokens from their drafted layer-E hidden states.
+
+        Without a draft this step (the length budget left none), the whole target runs as usual.
+        """
+        exit_hidden, self._exit_hidden = self._exit_hidden, None
+        if exit_hidden is None:
+            return super().target_forward(model, cache, input_ids, tree, num_prefix, num_logits)
+        num_total, num_tokens = num_prefix + tree.num_nodes, input_ids.shape[1]
+        if exit_hidden.shape[1] != num_tokens or not tree.is_chain:
+            raise RuntimeError("LayerSkipDrafter.target_forward must score the chain its last propose() drafted.")
+        try:
+            position_ids = _positions(num_total, num_tokens, input_ids.device)
+            late = range(self.exit_layer, self._layers.num_layers)
+            hidden_states = self._layers.run(exit_hidden, position_ids, late, cache, num_total)
+        except BaseException:
+            truncate_layers(cache, num_total - num_tokens)
+            raise
+        return self._layers.logits(hidden_states[0, -num_logits:])
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+        raise RuntimeError(
+            "LayerSkipDrafter shares the target's KV cache and runs only inside hf_speculators.generate; "
+            "transformers' own loop offers early exit without cache sharing as assistant_early_exit=E."
+        )
+
+    def __repr__(self) -> str:
+        return f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens})"

@@ -1,0 +1,116 @@
+"""Running a decoder-only causal LM a slice of decoder layers at a time, through its public modules."""
+
+import inspect
+
+import torch
+from transformers import Cache
+
+from .tree import TokenTree
+
+# families whose forward is exactly: embeddings (+ learned positions), decoder layers, final norm, LM head; the
+# layer-by-layer run below reproduces their logits (tested token for token); others may scale embeddings
+# (Gemma), cap logits (Gemma 2) or mix layers (Falcon) in ways a layer-by-layer run would silently miss
+LAYERWISE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "gpt2")
+LAYER_LIST_NAMES = ("layers", "h")
+FINAL_NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
+CACHE_ARGUMENT_NAMES = ("past_key_values", "layer_past")
+
+
+def _find(module, names: tuple[str, ...], what: str, model_type: str):
+    for name in names:
+        if getattr(module, name, None) is not None:
+            return getattr(module, name)
+    raise ValueError(
+        f"Layer skip cannot run this {model_type} model: its base model {type(module).__name__} has no {what} "
+        f"(looked for the attribute {' / '.join(names)})."
+    )
+
+
+class DecoderLayers:
+    """The embeddings, decoder layers, final norm and LM head of a causal LM, run a slice of layers at a time.
+
+    Calling `embed`, then `run` over layers `[0, E)` and `[E, L)`, then `logits` equals the model's own forward;
+    each layer writes its keys and values into the given cache under its own layer index, as in that forward. Only
+    public modules are used (`get_input_embeddings`, the base model's decoder layer list, rotary or learned
+    position embeddings, final norm, `get_output_embeddings`); no modeling code is forked or patched.
+
+    Args:
+        model (`PreTrainedModel`): a decoder-only causal LM of a type in `LAYERWISE_MODEL_TYPES` (Llama, Mistral,
+            Qwen2, Qwen3, GPT-NeoX, GPT-2).
+
+    Raises:
+        `ValueError`: for another model type, or a model lacking a part, named in the message (a decoder layer
+            list, a final norm, position embeddings, an LM head, a cache argument of its decoder layers).
+    """
+
+    def __init__(self, model):
+        model_type = model.config.model_type
+        if model_type not in LAYERWISE_MODEL_TYPES:
+            raise ValueError(
+                f"Layer skip runs the decoder layers one by one and is verified on the model types "
+                f"{', '.join(LAYERWISE_MODEL_TYPES)}; this model is {model_type!r}, whose forward may do more between "
+                "them (e.g. scaled embeddings or capped logits). Use DraftModelDrafter or PromptLookupDrafter."
+            )
+        base = model.base_model
+        self.layers = _find(base, LAYER_LIST_NAMES, "list of decoder layers", model_type)
+        self.final_norm = _find(base, FINAL_NORM_NAMES, "final norm", model_type)
+        self.rotary = getattr(base, "rotary_emb", None)
+        self.learned_positions = getattr(base, "wpe", None)
+        if (self.rotary is None) == (self.learned_positions is None):
+            raise ValueError(
+                f"Layer skip cannot run this {model_type} model: it needs exactly one kind of position embeddings, "
+                "rotary (rotary_emb) or learned (wpe), on its base model."
+            )
+        self.embeddings, self.head = model.get_input_embeddings(), model.get_output_embeddings()
+        if self.head is None:
+            raise ValueError(f"Layer skip cannot run this {model_type} model: it has no LM head.")
+        parameters = inspect.signature(self.layers[0].forward).parameters
+        self.cache_argument = _find_name(parameters, CACHE_ARGUMENT_NAMES, model_type)
+        self.num_layers = model.config.num_hidden_layers
+        self.dtype = model.dtype
+
+    def embed(self, input_ids: torch.LongTensor, position_ids: torch.LongTensor) -> torch.FloatTensor:
+        """Hidden states `(1, num_tokens, hidden_size)` entering the first layer, for `input_ids` `(1, num_tokens)`."""
+        hidden_states = self.embeddings(input_ids)
+        if self.learned_positions is not None:
+            hidden_states = hidden_states + self.learned_positions(position_ids)
+        return hidden_states
+
+    def run(self, hidden_states: torch.FloatTensor, position_ids: torch.LongTensor, layers: range, cache: Cache,
+            num_prefix: int) -> torch.FloatTensor:
+        """Runs decoder layers `layers` over `hidden_states` `(1, num_tokens, hidden_size)`, causally after the cache.
+
+        Args:
+            hidden_states (`torch.FloatTensor` of shape `(1, num_tokens, hidden_size)`): the input of `layers[0]`.
+            position_ids (`torch.LongTensor` of shape `(1, num_tokens)`): the tokens' positions.
+            layers (`range`): the layer indices to run, in order.
+            cache (`Cache`): the model's cache; each of `layers` holds the `num_prefix - num_tokens` tokens before.
+            num_prefix (`int`): tokens cached or fed, the fed ones included.
+
+        Returns:
+            `torch.FloatTensor` of shape `(1, num_tokens, hidden_size)`: the output of `layers[-1]`.
+        """
+        num_tokens = hidden_states.shape[1]
+        mask = None  # one query token attends to every cached token: no mask needed
+        if num_tokens > 1:
+            mask = TokenTree.chain(0, hidden_states.device).attention_mask(num_prefix, num_tokens, self.dtype)
+        extra = {self.cache_argument: cache, "attention_mask": mask, "position_ids": position_ids, "use_cache": True}
+        if self.rotary is not None:
+            extra["position_embeddings"] = self.rotary(hidden_states, position_ids=position_ids)
+        for index in layers:
+            hidden_states = self.layers[index](hidden_states, **extra)
+        return hidden_states
+
+    def logits(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
+        """LM-head logits `(..., vocab_size)` of hidden states `(..., hidden_size)` after the final norm."""
+        return self.head(self.final_norm(hidden_states))
+
+
+def _find_name(parameters, names: tuple[str, ...], model_type: str) -> str:
+    for name in names:
+        if name in parameters:
+            return name
+    raise ValueError(
+        f"Layer skip cannot run this {model_type} model: its decoder layers take no cache argument "
+        f"(looked for {' / '.join(names)})."
+    )
