@@ -55,6 +55,7 @@ MAX_PYTHON_BYTES = 10_000_000  # keep English about half of the corpus
 LAYER_DROPOUT_MAX = 0.1
 EARLY_EXIT_ROTATION = 3
 EARLY_EXIT_SCALE = 1.0
+LAYERSKIP_PEAK_LR = 1e-3
 
 STAGES = ("tokenizer", "target", "draft", "layerskip")
 TARGET_SHAPE = dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024, num_attention_heads=6)
@@ -159,9 +160,11 @@ class LayerSkipRecipe:
 
     - Layer dropout: in training, decoder layer l of L is skipped for a whole sequence with probability
       ``LAYER_DROPOUT_MAX * (exp(l ln 2 / (L - 1)) - 1)``: 0 at the first layer, rising to the maximum at the last.
-    - Early-exit loss: the cross-entropy of the shared final norm and LM head after layer l, added to the
-      final-layer loss for the layers with ``(l + step) % EARLY_EXIT_ROTATION == 0`` (rotational curriculum),
-      each scaled by ``EARLY_EXIT_SCALE * (l + 1) / L`` so that deeper exits weigh more.
+    - Early-exit loss through the shared final norm and LM head after layer l, added to the final layer's
+      cross-entropy for the layers with ``(l + step) % EARLY_EXIT_ROTATION == 0`` (rotational curriculum), each
+      scaled by ``EARLY_EXIT_SCALE``. It is the forward KL from the final layer's (detached) next-token
+      distribution to the exit's, rather than LayerSkip's cross-entropy to the data: a drafting exit is accepted
+      when it agrees with the full model, so it is trained to (self-distillation, as DistillSpec trains the draft).
     """
 
     def __init__(self, model):
@@ -188,31 +191,42 @@ class LayerSkipRecipe:
             self.exit_states[index] = output
         return output
 
-    def exit_loss(self, index: int, ids: torch.LongTensor) -> torch.Tensor:
-        """Cross-entropy (nats per token) of the exit after layer `index` (0-based), recorded by the last forward."""
+    def exit_log_probs(self, index: int) -> torch.Tensor:
+        """Next-token log-probabilities `(batch, seq, vocab)` of the exit after layer `index` (0-based), through the
+        shared final norm and LM head, from the hidden states the last forward recorded."""
         logits = self.model.lm_head(self.model.model.norm(self.exit_states[index]))
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+        return F.log_softmax(logits.float(), dim=-1)
 
     def loss(self, ids: torch.LongTensor) -> torch.Tensor:
         depth = self.model.config.num_hidden_layers
         self.exits = {i for i in range(depth - 1) if (i + self.step) % EARLY_EXIT_ROTATION == 0}
         self.step += 1
-        loss = self.model(ids, labels=ids).loss
+        output = self.model(ids, labels=ids)
+        final_log_probs = F.log_softmax(output.logits.float(), dim=-1).detach()
+        loss = output.loss
         for i in self.exits:
-            loss = loss + EARLY_EXIT_SCALE * (i + 1) / depth * self.exit_loss(i, ids)
+            kl = F.kl_div(self.exit_log_probs(i), final_log_probs, log_target=True, reduction="none")
+            loss = loss + EARLY_EXIT_SCALE * kl.sum(-1).mean()
         return loss
 
     @torch.no_grad()
-    def held_out_exit_losses(self, stream: np.ndarray, windows: int = 64) -> list[float]:
-        """Held-out cross-entropy at every exit layer 1..L (fp32, nats per token); the last is the full model's."""
+    def held_out_exits(self, stream: np.ndarray, windows: int = 64) -> dict[str, list[float]]:
+        """Per exit layer 1..L (fp32): held-out cross-entropy (nats per token) and the share of positions whose
+        argmax equals the full model's (the last exit is the full model)."""
         depth = self.model.config.num_hidden_layers
-        self.exits, sums, data = set(range(depth)), [0.0] * depth, batches(stream, np.random.default_rng(1))
+        self.exits, data = set(range(depth)), batches(stream, np.random.default_rng(1))
+        losses, agreements = [0.0] * depth, [0.0] * depth
         for _ in range(windows // BATCH):
             ids = next(data)
             self.model(ids)
-            sums = [total + self.exit_loss(i, ids).item() for i, total in enumerate(sums)]
+            log_probs = [self.exit_log_probs(i)[:, :-1] for i in range(depth)]
+            for i, exit_log_probs in enumerate(log_probs):
+                losses[i] += F.nll_loss(exit_log_probs.flatten(0, 1), ids[:, 1:].flatten()).item()
+                agreements[i] += (exit_log_probs.argmax(-1) == log_probs[-1].argmax(-1)).float().mean().item()
         self.exits = set()
-        return [round(total / (windows // BATCH), 4) for total in sums]
+        batches_run = windows // BATCH
+        return {"exit_losses": [round(x / batches_run, 4) for x in losses],
+                "exit_agreements": [round(x / batches_run, 4) for x in agreements]}
 
 
 def layerskip_continual_pretraining(target, stream, minutes: float, steps: int | None) -> int:
@@ -220,13 +234,13 @@ def layerskip_continual_pretraining(target, stream, minutes: float, steps: int |
     target.requires_grad_(True)
     recipe = LayerSkipRecipe(target)
     with recipe.hooked():
-        return train(target, recipe.loss, stream, minutes, steps, 5e-4, "layerskip", warmup=50)
+        return train(target, recipe.loss, stream, minutes, steps, LAYERSKIP_PEAK_LR, "layerskip", warmup=50)
 
 
-def held_out_exit_losses(model, held_out: np.ndarray) -> list[float]:
+def held_out_exits(model, held_out: np.ndarray) -> dict[str, list[float]]:
     recipe = LayerSkipRecipe(model)
     with recipe.hooked():
-        return recipe.held_out_exit_losses(held_out)
+        return recipe.held_out_exits(held_out)
 
 
 def build_model(shape: dict, tokenizer) -> LlamaForCausalLM:
@@ -252,13 +266,15 @@ def model_card(role: str, model, steps: dict, stats: dict, command: str) -> str:
     c = model.config
     recipe = {
         "target": f"next-token cross-entropy for {steps['target']} steps (peak learning rate 2e-3, warmup 200), then "
-                  f"{steps['layerskip']} steps of LayerSkip continual pretraining (peak 5e-4, warmup 50): layer "
+                  f"{steps['layerskip']} steps of LayerSkip continual pretraining (peak {LAYERSKIP_PEAK_LR}, warmup 50): layer "
                   f"dropout rising with depth to {LAYER_DROPOUT_MAX} and an early-exit loss through the shared "
-                  f"final norm and LM head at every {EARLY_EXIT_ROTATION}rd layer, rotating (Elhoushi et al. 2024)",
+                  f"final norm and LM head at every {EARLY_EXIT_ROTATION}rd layer, rotating (Elhoushi et al. 2024), "
+                  "here the forward KL to the final layer's next-token distribution (self-distillation)",
         "draft": f"forward KL to the next-token distribution of the target (DistillSpec) as it was before its "
                  f"LayerSkip stage, {steps['draft']} steps (peak learning rate 3e-3, warmup 200)",
     }[role]
-    exits = " | ".join(f"{i + 1}: {loss}" for i, loss in enumerate(stats["exit_losses"]))
+    exits = " | ".join(f"{i + 1}: {loss} ({agreement:.1%})" for i, (loss, agreement)
+                       in enumerate(zip(stats["exit_losses"], stats["exit_agreements"])))
     return f"""---
 license: apache-2.0
 library_name: transformers
@@ -283,7 +299,8 @@ It writes Shakespeare-like verse, GSM8K-style arithmetic and Python; it is not a
   {stats["plain_target_loss"]}), draft {stats["draft_loss"]}; the draft's argmax equals the target's on
   {stats["top1_agreement"]:.1%} of held-out positions.
 - The target's held-out loss when it exits after layer l (its first l layers, final norm and LM head; what
-  `LayerSkipDrafter(exit_layer=l)` drafts with): {exits}.
+  `LayerSkipDrafter(exit_layer=l)` drafts with), and in brackets how often that exit's argmax equals the full
+  model's: {exits}.
 
 Retrain with:
 
@@ -356,8 +373,7 @@ def main() -> None:
         draft = load_saved(args.out, "draft")
     plain_target_loss = "not measured in this run"  # the saved target may have had its LayerSkip stage already
     if "layerskip" in stages:
-        plain_exit_losses = held_out_exit_losses(target, held_out)
-        print(f"[layerskip] before: held-out loss per exit layer {plain_exit_losses}", flush=True)
+        print(f"[layerskip] before: {held_out_exits(target, held_out)}", flush=True)
         plain_target_loss = evaluate(target, None, held_out)["target_loss"]
         torch.manual_seed(0)  # layer dropout draws the same whichever stages ran before
         steps["layerskip"] = layerskip_continual_pretraining(target, train_stream, args.layerskip_minutes,
@@ -365,7 +381,7 @@ def main() -> None:
         save(target, args.out / "target")
 
     stats = evaluate(target, draft, held_out)
-    stats.update(plain_target_loss=plain_target_loss, exit_losses=held_out_exit_losses(target, held_out))
+    stats.update(plain_target_loss=plain_target_loss, **held_out_exits(target, held_out))
     print(stats, flush=True)
     command = (f"python examples/train_demo_family.py --data {args.data} --out {args.out} --vocab-size "
                f"{args.vocab_size} --target-steps {steps['target']} --draft-steps {steps['draft']} "
