@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from hf_speculators import benchmark  # noqa: E402
-from hf_speculators.benchmark import METHODS, Prompt, load_prompts, run_benchmark, summarize  # noqa: E402
+from hf_speculators.benchmark import DEFAULT_METHODS, Prompt, load_prompts, run_benchmark, summarize  # noqa: E402
 from hf_speculators.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
@@ -152,7 +152,7 @@ def run(target, draft, tokenizer, tmp_path_factory):
 def test_every_method_reproduces_plain_greedy(run):
     result, _ = run
     assert result.ok and result.mismatches == []
-    assert len(result.records) == len(PROMPTS) * len(METHODS)
+    assert len(result.records) == len(PROMPTS) * len(DEFAULT_METHODS)
     assert all(r["exact"] and r["identical_to_plain"] for r in result.records)
 
 
@@ -160,7 +160,7 @@ def test_jsonl_records(run, target):
     result, out_path = run
     lines = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert lines == json.loads(json.dumps(result.records))
-    assert [(r["prompt_index"], r["method"]) for r in lines] == [(i, m) for i in range(2) for m in METHODS]
+    assert [(r["prompt_index"], r["method"]) for r in lines] == [(i, m) for i in range(2) for m in DEFAULT_METHODS]
     for r in lines:
         assert r["question_id"] == PROMPTS[r["prompt_index"]].question_id
         assert r["category"] == PROMPTS[r["prompt_index"]].category
@@ -192,14 +192,14 @@ def test_summary_and_table(run):
     result, _ = run
     assert list(result.summary) == ["qa", "writing", "all"]
     overall = result.summary["all"]
-    assert list(overall) == list(METHODS)
+    assert list(overall) == list(DEFAULT_METHODS)
     assert overall["plain"]["speedup"] == 1.0
     assert overall["plain"]["new_tokens"] == 2 * NEW_TOKENS and overall["plain"]["num_prompts"] == 2
     assert overall["hf-assisted"]["mean_acceptance_length"] is None
     assert overall["draft-model"]["mean_acceptance_length"] >= 1.0
     assert all(figures["identical_rate"] == 1.0 for figures in overall.values())
     table = result.table()
-    assert all(method in table for method in METHODS) and "speedup vs plain" in table
+    assert all(method in table for method in DEFAULT_METHODS) and "speedup vs plain" in table
 
 
 def test_oracle_draft_is_fully_accepted_by_both_draft_methods(target, tokenizer, capsys):
