@@ -200,6 +200,15 @@ def test_quantized_self_draft_reproduces_full_precision_greedy(quantized_zoo, ar
     assert out.speculative_stats.num_accepted_tokens > 0
 
 
+@pytest.mark.parametrize("mode", CPU_MODES)
+def test_a_quantized_self_draft_tree(quantized_zoo, mode):
+    tree = hs.DynamicTree(depth=K, top_k=2, num_nodes=6)
+    drafter = hs.TreeDrafter.from_target(quantized_zoo.model("qwen2"), mode, tree=tree)
+    assert quantized_layers(drafter.draft_model) and drafter.tree is tree
+    out = speculative_generate(quantized_zoo.model("qwen2"), prompt_ids(PROMPT), drafter)
+    assert_same_tokens(out, quantized_zoo.reference("qwen2"))
+
+
 def drafter_for_quantized_target(kind: str, quantized_zoo, arch: str) -> hs.Drafter:
     """A drafter for `model(arch, mode)`; the draft models are the full-precision model it was quantized from."""
     if kind == "prompt_lookup":
