@@ -76,7 +76,7 @@ def check_quantization(quantization: str, device: str | torch.device = "cpu") ->
     missing = [name for name in LIBRARIES[quantization] if importlib.util.find_spec(name) is None]
     if missing:
         raise ImportError(
-            f"quantization={quantization!r} needs {' and '.join(missing)}, which is not installed: {INSTALL_HINT}"
+            f"quantization={quantization!r} needs {' and '.join(missing)} (not installed here): {INSTALL_HINT}"
         )
 
 
