@@ -1,17 +1,19 @@
 """Peak resident memory (RSS) of speculative methods: each method runs in a fresh process on the same prompt.
 
-Every process loads the target, resets the kernel's peak-RSS mark (Linux: ``/proc/self/clear_refs``, so the
-transient peak of loading the target does not hide what comes after), then loads the draft model when the method
-needs one, generates once and reports its peak RSS (``VmHWM``). The first row, ``plain``, is the target alone
+Every process loads the target (and imports the quantization library of a ``self-draft-*`` method, whose import
+is not the draft's memory), resets the kernel's peak-RSS mark (Linux: ``/proc/self/clear_refs``, so the
+transient peak of loading the target does not hide what comes after), then builds the drafter (loading the draft
+model, or quantizing a copy of the target), generates once and reports its peak RSS (``VmHWM``). The first row, ``plain``, is the target alone
 with plain greedy ``generate()``; the other rows give their excess over it, in MB and relative to it, and the
 target's own weights are given for scale (the process's peak also holds Python, torch and transformers).
 
 Usage::
 
-    python examples/peak_memory.py --methods plain,layer-skip,draft-model --exit-layer 4 --max-new-tokens 128
+    python examples/peak_memory.py --methods layer-skip,draft-model,self-draft-int8,self-draft-nf4,self-draft-int4
 """
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -20,7 +22,8 @@ import torch
 
 import hf_speculators
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
-from hf_speculators.methods import DRAFT_MODEL_METHODS, make_drafter
+from hf_speculators.methods import DRAFT_MODEL_METHODS, SELF_DRAFT_METHODS, make_drafter
+from hf_speculators.quantization import LIBRARIES
 
 PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
 
@@ -35,13 +38,15 @@ def run_one(args) -> None:
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.model)
     target = load_model(args.model)
+    for library in LIBRARIES.get(SELF_DRAFT_METHODS.get(args.run), ()):
+        importlib.import_module(library)
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # the peak RSS mark restarts from the current RSS
     inputs = tokenizer(PROMPT, return_tensors="pt")
     kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     if args.run != "plain":
         draft = load_model(args.draft) if args.run in DRAFT_MODEL_METHODS else None
-        drafter = make_drafter(args.run, draft, exit_layer=args.exit_layer)
+        drafter = make_drafter(args.run, draft, exit_layer=args.exit_layer, target=target)
         kwargs.update(custom_generate=hf_speculators.generate, candidate_generator=drafter)
     target.generate(**inputs, **kwargs)
     weights = sum(p.numel() * p.element_size() for p in target.parameters()) / 2**20

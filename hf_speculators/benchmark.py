@@ -21,8 +21,9 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
-    provenance                                    the run: git commit, versions, device, dtype, threads, models,
-                                                  settings and timestamp (the same object on every line)
+    provenance                                    the run: git commit, versions, device, dtype, threads, models and
+                                                  their quantization configs, settings and timestamp (the same
+                                                  object on every line)
 """
 
 import json
@@ -44,12 +45,15 @@ from . import methods as speculative_methods
 from .decoding import generate
 from .layers import DecoderLayers
 from .metrics import SpeculativeStats, clock
+from .quantization import quantization_settings
 from .verifiers import resolve_verifier
 
-METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
-           "draft-model-tree", "hf-early-exit", "layer-skip")
+DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
+                   "draft-model-tree")
 EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
-DEFAULT_METHODS = tuple(m for m in METHODS if m not in EXIT_LAYER_METHODS)  # those that need no exit layer
+# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU):
+# run when asked for only
+METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
@@ -284,7 +288,8 @@ def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> lis
     return chosen
 
 
-def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: int, verifier, drafter_options) -> dict:
+def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier,
+                     drafter_options) -> dict:
     """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
     if method == "hf-prompt-lookup":
         return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
@@ -294,7 +299,7 @@ def _generate_kwargs(method: str, draft, num_draft_tokens: int, max_ngram_size: 
         return {"assistant_early_exit": drafter_options["exit_layer"]}
     if method in speculative_methods.METHODS:
         drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
-                                                   max_ngram_size=max_ngram_size, **drafter_options)
+                                                   max_ngram_size=max_ngram_size, target=target, **drafter_options)
         return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier}
     return {}
 
@@ -376,9 +381,15 @@ def _forward_timer(target, draft):
             hook.remove()
 
 
-def _timed_generate(target, draft, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+def _draft_model(generate_kwargs: dict):
+    """The draft model a method's `generate` keywords run (transformers' assistant or our drafter's), if any."""
+    drafter = generate_kwargs.get("candidate_generator")
+    return generate_kwargs.get("assistant_model", getattr(drafter, "draft_model", None))
+
+
+def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
     """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its model forwards measured."""
-    with _forward_timer(target, draft) as forwards:
+    with _forward_timer(target, _draft_model(generate_kwargs)) as forwards:
         start = clock(target.device)
         output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  return_dict_in_generate=True, **generate_kwargs)
@@ -441,6 +452,8 @@ def _provenance(target, draft, methods, settings: dict) -> dict:
         "num_threads": torch.get_num_threads(),
         "target": _model_name(target),
         "draft": _model_name(draft),
+        "target_quantization": quantization_settings(target),
+        "draft_quantization": None if draft is None else quantization_settings(draft),
         "methods": methods,
         **settings,
         "hf_assisted_config": {"num_assistant_tokens": settings["num_draft_tokens"], **PINNED_ASSISTANT_CONFIG},
@@ -510,6 +523,9 @@ def run_benchmark(
       `exit_layer` layers and a separate draft cache, pinned like `"hf-assisted"` (on the target's config).
     - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens)` via `custom_generate`: the same early
       exit, writing into the target's own cache.
+    - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: `DraftModelDrafter.from_target(
+      target, quantization, num_draft_tokens=num_draft_tokens)` via `custom_generate`, a quantized copy of the
+      target as its draft (made once, before the warm-up; not in `DEFAULT_METHODS`).
 
     Our methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
     `exact=False` and a differing output is not a mismatch.
@@ -520,8 +536,8 @@ def run_benchmark(
             needed by `"hf-assisted"` and `"draft-model"`.
         tokenizer (`PreTrainedTokenizerBase`): the target's tokenizer.
         prompts (`Sequence[Prompt | str]`): the prompts, e.g. from `load_prompts`; a string is `Prompt(text)`.
-        methods (`Sequence[str]`, defaults to `DEFAULT_METHODS`, those of `METHODS` that need no exit layer): the
-            methods to compare; `"plain"` is added.
+        methods (`Sequence[str]`, defaults to `DEFAULT_METHODS`, all of `METHODS` but the exit-layer and self-draft
+            ones): the methods to compare; `"plain"` is added.
         max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first).
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         out_path (`str` or `Path`, *optional*): JSONL file for the records (overwritten, one line per record,
@@ -548,8 +564,10 @@ def run_benchmark(
         an exact method's output differed from plain greedy decoding (the CLI then exits non-zero).
 
     Raises:
+        `ImportError`: a self-draft method whose quantization library is not installed.
         `ValueError`: for an unknown method or verifier, a draft method without `draft`, an exit-layer method
-            without `exit_layer`, no prompts, a size below 1
+            without `exit_layer`, a self-draft method that cannot quantize `target` (see
+            `DraftModelDrafter.from_target`), no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
@@ -569,7 +587,8 @@ def run_benchmark(
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
                 "verifier": repr(verifier), **drafter_options}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options) for m in methods}
+    kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options)
+              for m in methods}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:
@@ -580,18 +599,18 @@ def run_benchmark(
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None
         provenance = _provenance(target, draft, methods, settings)
-        records = _run_prompts((target, draft), prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
+        records = _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
     return _finish(records, verbose)
 
 
-def _run_prompts(models, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
+def _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
     """Warms every method up on the first prompt, then runs all methods back to back on each prompt."""
     for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
-        _timed_generate(*models, encoded[0][0], method_kwargs, max_new_tokens)
+        _timed_generate(target, encoded[0][0], method_kwargs, max_new_tokens)
     records = []
     progress = tqdm(list(zip(prompts, encoded)), desc="bench", unit="prompt", disable=not verbose)
     for index, (prompt, (input_ids, truncated)) in enumerate(progress):
-        runs = {m: _timed_generate(*models, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
+        runs = {m: _timed_generate(target, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
         new = [_record(prompt, index, m, run, runs["plain"], input_ids.shape[1], truncated, provenance)
                for m, run in runs.items()]
         if out is not None:  # written as each prompt finishes, so an interrupted run keeps what it measured

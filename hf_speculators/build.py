@@ -35,15 +35,11 @@ def _warn_if_other_target(config, target) -> None:
 
 
 def _load_draft(config, target, target_tokenizer):
-    """Loads `config.draft_model` with the target's dtype and device and checks that it shares the vocabulary."""
-    if config.draft_quantization is not None:
-        raise ValueError(
-            f"draft_quantization={config.draft_quantization!r}: building a quantized draft model is not available "
-            "in this version of hf_speculators. Remove draft_quantization, or load a quantized draft yourself and "
-            "pass candidate_generator=DraftModelDrafter(draft_model)."
-        )
+    """Loads `config.draft_model` with the target's dtype and device (quantized as `config.draft_quantization`
+    says) and checks that it shares the vocabulary."""
     dtype = str(target.dtype).removeprefix("torch.")
-    draft = load_model(config.draft_model, dtype, str(target.device), revision=config.draft_revision)
+    draft = load_model(config.draft_model, dtype, str(target.device), revision=config.draft_revision,
+                       quantization=config.draft_quantization)
     draft_tokenizer = load_tokenizer(config.draft_model, revision=config.draft_revision)
     try:
         check_same_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
@@ -56,8 +52,10 @@ def build_drafter(config, target, target_tokenizer=None) -> Drafter:
     """The drafter of `config.method`, given every config field its constructor takes, for `target`.
 
     Raises:
-        `ValueError`: a method with no drafter in this version (naming it and listing `DRAFTERS`), a quantized
-            draft, or a draft model whose vocabulary does not match the target's (naming `draft_model`).
+        `ValueError`: a method with no drafter in this version (naming it and listing `DRAFTERS`), a draft model
+            whose vocabulary does not match the target's (naming `draft_model`), or a `draft_quantization` that
+            cannot run on the target's device or does not fit the draft model.
+        `ImportError`: the library of `draft_quantization` is not installed.
     """
     if config.method not in DRAFTERS:
         hint = (
@@ -105,8 +103,9 @@ def build_verifier(config) -> Verifier | None:
 def build(config, target, target_tokenizer=None) -> tuple[Drafter, Verifier | None]:
     """Returns `(drafter, verifier)` for a `SpeculativeConfig` and a loaded target model.
 
-    A draft model is loaded (through `hf_speculators.loading`) with the target's dtype and onto its device. The
-    verifier is `None` when the config leaves it unset. Warns when `config.target_model` names another model.
+    A draft model is loaded (through `hf_speculators.loading`) with the target's dtype and onto its device,
+    quantized if `config.draft_quantization` is set. The verifier is `None` when the config leaves it unset. Warns
+    when `config.target_model` names another model.
 
     Args:
         config (`SpeculativeConfig`): the settings.

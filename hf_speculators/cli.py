@@ -20,6 +20,7 @@ from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
 from .metrics import clock
 from .methods import METHODS, make_drafter
 from .presets import bundled_presets
+from .quantization import QUANTIZATIONS
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -45,6 +46,11 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
                         help="draft tokens per step (k); for tree methods the depth")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="load the target quantized: int8 and int4 (torchao), nf4 (bitsandbytes), fp8 (torchao, "
+                             "CUDA GPUs of compute capability >= 8.9); needs the quantization extra")
+    parser.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
+                        help="load the draft model quantized (same modes as --quantization)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
@@ -138,11 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _drafter(args, draft_model=None, draft_tokenizer=None):
-    """The drafter of `args.method` with the command's drafter options."""
+def _drafter(args, target, draft_model=None, draft_tokenizer=None):
+    """The drafter of `args.method` for `target` with the command's drafter options."""
     return make_drafter(args.method, draft_model, num_draft_tokens=args.num_draft_tokens,
                         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-                        draft_tokenizer=draft_tokenizer, exit_layer=args.exit_layer)
+                        draft_tokenizer=draft_tokenizer, target=target, exit_layer=args.exit_layer)
 
 
 def config_from_args(args) -> SpeculativeConfig:
@@ -150,7 +156,7 @@ def config_from_args(args) -> SpeculativeConfig:
     flags = {
         "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
-        "target_model": args.model, "exit_layer": args.exit_layer,
+        "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -166,7 +172,7 @@ def run_generate(args) -> int:
     config = config_from_args(args)
     target_name = config.target_model or DEMO_TARGET
     tokenizer = load_tokenizer(target_name)
-    target = enable(load_model(target_name, args.dtype, args.device))
+    target = enable(load_model(target_name, args.dtype, args.device, quantization=args.quantization))
     drafter, verifier = config.build(target, tokenizer)
     inputs = tokenizer(args.prompt, return_tensors="pt").to(args.device)
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
@@ -186,13 +192,22 @@ def run_generate(args) -> int:
     return 0
 
 
+def _load_models(args, needs_draft: bool):
+    """`(target, draft)` as the command's model options say; `draft` is `None` unless `needs_draft`."""
+    if args.draft_quantization is not None and not needs_draft:
+        raise ValueError("--draft-quantization quantizes the draft model, and no method chosen uses one.")
+    target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
+    if not needs_draft:
+        return target, None
+    return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
+
+
 def run_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     needs_draft = any(m in DRAFT_MODEL_METHODS for m in methods)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
-    target = load_model(args.model, args.dtype, args.device)
-    draft = load_model(args.draft, args.dtype, args.device) if needs_draft else None
+    target, draft = _load_models(args, needs_draft)
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
@@ -209,9 +224,8 @@ def run_sweep_command(args) -> int:
     verifiers = default_verifiers(args.typical_epsilons, args.top_k_settings)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
-    target = load_model(args.model, args.dtype, args.device)
-    draft = load_model(args.draft, args.dtype, args.device) if args.method in DRAFT_MODEL_METHODS else None
-    drafter = _drafter(args, draft, load_tokenizer(args.draft) if draft is not None else None)
+    target, draft = _load_models(args, args.method in DRAFT_MODEL_METHODS)
+    drafter = _drafter(args, target, draft, load_tokenizer(args.draft) if draft is not None else None)
     points = run_sweep(target, tokenizer, prompts, drafter, verifiers, args.max_new_tokens, args.out,
                        num_threads=args.threads)
     print(sweep_table(points))

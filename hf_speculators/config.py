@@ -8,6 +8,7 @@ from pathlib import Path
 from . import presets
 from .build import VERIFIER_PARAMS, build
 from .drafters import DRAFTERS
+from .quantization import QUANTIZATIONS
 from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS
 from .vllm_export import to_vllm
@@ -20,7 +21,6 @@ METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
 }
-QUANTIZATIONS = ("int8", "nf4", "int4", "fp8")
 
 
 def method_fields(method: str) -> tuple[str, ...]:
@@ -71,7 +71,8 @@ class SpeculativeConfig:
         draft_model (`str`, *optional*): the draft model: a Hub id, a local folder or a demo id
             (`"hf_speculators/demo-draft"`); for speculators types, the speculator checkpoint.
         draft_revision (`str`, *optional*): the draft model's Hub branch, tag or commit.
-        draft_quantization (`str`, *optional*): one of `QUANTIZATIONS`; stored and exported, not built yet.
+        draft_quantization (`str`, *optional*): one of `QUANTIZATIONS` (`"int8"`, `"nf4"`, `"int4"`, `"fp8"`): the
+            draft model is loaded quantized (see `hf_speculators.quantization`).
         exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.

@@ -3,7 +3,9 @@
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from .quantization import check_quantizable, quantization_config
 
 DEMO_DIR = Path(__file__).parent / "demo"
 DEMO_TARGET = str(DEMO_DIR / "target")
@@ -32,27 +34,41 @@ def _check_exists(name_or_path: str) -> None:
         )
 
 
-def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None):
-    """Loads a causal LM in eval mode.
+def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None,
+               quantization: str | None = None):
+    """Loads a causal LM in eval mode, quantized if asked.
 
     Args:
         name_or_path (`str`): a local folder, a Hub id (downloaded when a network is available), or a demo id
             from `DEMO_IDS` (`"hf_speculators/demo-target"`, `"hf_speculators/demo-draft"`).
-        dtype (`str`): one of `DTYPES`: `"float32"`, `"bfloat16"`, `"float16"` or `"auto"`.
+        dtype (`str`): one of `DTYPES`: `"float32"`, `"bfloat16"`, `"float16"` or `"auto"`; with `quantization`,
+            the dtype of the layers left unquantized and of the activations.
         device (`str`): a torch device, e.g. `"cpu"` or `"cuda"`.
         revision (`str`, *optional*): a Hub branch, tag or commit.
+        quantization (`str`, *optional*): `"int8"`, `"nf4"`, `"int4"` or `"fp8"`: the weights are quantized as
+            they load (see `hf_speculators.quantization` for the library of each mode).
 
     Raises:
         `FileNotFoundError`: a local path that does not exist.
-        `ValueError`: an unknown dtype.
+        `ValueError`: an unknown dtype; a quantization that is unknown, cannot run on `device` or does not fit the
+            model (checked on its config before any weight is read, see `hf_speculators.quantization`).
+        `ImportError`: the quantization library is not installed.
         `OSError`: a Hub id that cannot be fetched (from transformers).
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
     name_or_path = resolve_model_id(name_or_path)
     _check_exists(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision)
-    return model.to(device).eval()
+    if quantization is None:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision)
+        return model.to(device).eval()
+    config = quantization_config(quantization, device, DTYPES[dtype] if dtype != "auto" else None)
+    with torch.device("meta"):  # the module structure, without weights, for the check
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path, revision=revision))
+    check_quantizable(skeleton, quantization, device)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision,
+                                                 quantization_config=config, device_map={"": device})
+    return model.eval()
 
 
 def load_tokenizer(name_or_path: str, revision: str | None = None):

@@ -1,8 +1,12 @@
 """The named speculative methods of the command line and the benchmark, and the drafter each one builds."""
 
 from .drafters import DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, TreeDrafter
+from .quantization import QUANTIZATIONS
 
-METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip")
+# method -> quantization of the target's copy that drafts for it (DraftModelDrafter.from_target)
+SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
+METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip",
+           *SELF_DRAFT_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
@@ -24,6 +28,7 @@ def make_drafter(
     tree_nodes: int | None = None,
     draft_tokenizer=None,
     exit_layer: int | None = None,
+    target=None,
 ) -> Drafter:
     """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
 
@@ -33,10 +38,13 @@ def make_drafter(
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
     - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens)`, the target's own first layers.
+    - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`:
+      `DraftModelDrafter.from_target(target, quantization, num_draft_tokens)`, a quantized copy of `target`.
 
     Raises:
         `ValueError`: an unknown method, a draft-model method without `draft_model`, layer skip without
-            `exit_layer`, or an invalid option.
+            `exit_layer`, a self-draft method without `target`, or an invalid option (and the quantization
+            errors of `DraftModelDrafter.from_target`).
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
@@ -46,6 +54,11 @@ def make_drafter(
         if exit_layer is None:
             raise ValueError("Method 'layer-skip' needs an exit layer (--exit-layer E): the layers that draft.")
         return LayerSkipDrafter(exit_layer, **_given(num_draft_tokens=num_draft_tokens))
+    if method in SELF_DRAFT_METHODS:
+        if target is None:
+            raise ValueError(f"Method {method!r} needs the target model, of which it drafts with a quantized copy.")
+        return DraftModelDrafter.from_target(target, SELF_DRAFT_METHODS[method],
+                                             **_given(num_draft_tokens=num_draft_tokens))
     if method == "prompt-lookup":
         return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
                                             prefer=prefer))

@@ -150,9 +150,9 @@ def run_sweep(
     records: dict[Verifier, list[dict]] = {v: [] for v in verifiers}
     with _num_threads(num_threads):
         for verifier_kwargs in kwargs.values():  # warm-up, untimed
-            _timed_generate(target, None, encoded[0], verifier_kwargs, max_new_tokens)
+            _timed_generate(target, encoded[0], verifier_kwargs, max_new_tokens)
         for index, input_ids in enumerate(encoded):
-            runs = {v: _timed_generate(target, None, input_ids, kw, max_new_tokens) for v, kw in kwargs.items()}
+            runs = {v: _timed_generate(target, input_ids, kw, max_new_tokens) for v, kw in kwargs.items()}
             exact_ids = runs[verifiers[0]].new_ids
             for verifier, run in runs.items():
                 records[verifier].append(

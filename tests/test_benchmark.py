@@ -12,7 +12,14 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from hf_speculators import benchmark  # noqa: E402
-from hf_speculators.benchmark import METHODS, Prompt, load_prompts, run_benchmark, summarize  # noqa: E402
+from hf_speculators.benchmark import (  # noqa: E402
+    DEFAULT_METHODS,
+    EXIT_LAYER_METHODS,
+    Prompt,
+    load_prompts,
+    run_benchmark,
+    summarize,
+)
 from hf_speculators.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
@@ -21,6 +28,7 @@ PROMPTS = [
     Prompt("dog ran to park with ball then dog ran to", "qa", 82),
 ]
 K, NEW_TOKENS = 3, 8
+RUN_METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS)  # the self-draft methods: tests/test_quantization.py
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +154,14 @@ def test_run_benchmark_rejects_too_many_new_tokens(target, draft, tokenizer):
 @pytest.fixture(scope="module")
 def run(target, draft, tokenizer, tmp_path_factory):
     out_path = tmp_path_factory.mktemp("bench") / "results.jsonl"
-    result = bench(target, draft, tokenizer, out_path=out_path, verbose=False, methods=METHODS, exit_layer=1)
+    result = bench(target, draft, tokenizer, out_path=out_path, verbose=False, methods=RUN_METHODS, exit_layer=1)
     return result, out_path
 
 
 def test_every_method_reproduces_plain_greedy(run):
     result, _ = run
     assert result.ok and result.mismatches == []
-    assert len(result.records) == len(PROMPTS) * len(METHODS)
+    assert len(result.records) == len(PROMPTS) * len(RUN_METHODS)
     assert all(r["exact"] and r["identical_to_plain"] for r in result.records)
 
 
@@ -161,7 +169,7 @@ def test_jsonl_records(run, target):
     result, out_path = run
     lines = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert lines == json.loads(json.dumps(result.records))
-    assert [(r["prompt_index"], r["method"]) for r in lines] == [(i, m) for i in range(2) for m in METHODS]
+    assert [(r["prompt_index"], r["method"]) for r in lines] == [(i, m) for i in range(2) for m in RUN_METHODS]
     for r in lines:
         assert r["question_id"] == PROMPTS[r["prompt_index"]].question_id
         assert r["category"] == PROMPTS[r["prompt_index"]].category
@@ -193,14 +201,14 @@ def test_summary_and_table(run):
     result, _ = run
     assert list(result.summary) == ["qa", "writing", "all"]
     overall = result.summary["all"]
-    assert list(overall) == list(METHODS)
+    assert list(overall) == list(RUN_METHODS)
     assert overall["plain"]["speedup"] == 1.0
     assert overall["plain"]["new_tokens"] == 2 * NEW_TOKENS and overall["plain"]["num_prompts"] == 2
     assert overall["hf-assisted"]["mean_acceptance_length"] is None
     assert overall["draft-model"]["mean_acceptance_length"] >= 1.0
     assert all(figures["identical_rate"] == 1.0 for figures in overall.values())
     table = result.table()
-    assert all(method in table for method in METHODS) and "speedup vs plain" in table
+    assert all(method in table for method in RUN_METHODS) and "speedup vs plain" in table
 
 
 def test_oracle_draft_is_fully_accepted_by_both_draft_methods(target, tokenizer, capsys):

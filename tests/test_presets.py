@@ -152,9 +152,23 @@ def test_a_draft_of_another_vocabulary_raises_naming_draft_model(saved_models, t
         config.build(target)  # without the target's tokenizer, the logits widths (80 and 64) tell
 
 
-def test_a_quantized_draft_cannot_be_built_yet(saved_models, target):
-    with pytest.raises(ValueError, match="draft_quantization='int8': building a quantized draft model is not"):
-        draft_config(saved_models, draft_quantization="int8").build(target)
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_a_quantized_draft_is_built_quantized(saved_models, target, inputs, plain, quantization):
+    drafter, _ = draft_config(saved_models, draft_quantization=quantization).build(target)
+    settings = drafter.draft_model.config.quantization_config.to_dict()
+    assert settings["quant_method"] == "torchao"
+    out = target.generate(**inputs, custom_generate=hs.generate, candidate_generator=drafter, do_sample=False,
+                          max_new_tokens=NEW_TOKENS)
+    assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize(("quantization", "message"), [
+    ("fp8", "quantization='fp8' needs a CUDA GPU of compute capability >= 8.9"),
+    ("nf4", "quantization='nf4' needs layers with input sizes that are multiples of 64"),  # the draft's are 32
+])
+def test_a_quantized_draft_that_cannot_run_here_fails_before_loading(saved_models, target, quantization, message):
+    with pytest.raises(ValueError, match=message):
+        draft_config(saved_models, draft_quantization=quantization).build(target)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ import torch
 
 from ..cache import prepare_cache, truncate
 from ..forward import forward_logits
+from ..quantization import quantized_copy
 from ..tree import TokenTree
 from ..types import Draft
 from .base import Drafter
@@ -64,6 +65,13 @@ class DraftModelDrafter(Drafter):
     Raises:
         `ValueError`: at construction for `num_draft_tokens < 1`; at the start of generation if the draft model
             was built for another vocabulary.
+
+    Example, a quantized copy of the target as its own draft (`from_target`):
+
+    ```python
+    drafter = hs.DraftModelDrafter.from_target(model, quantization="int8", num_draft_tokens=5)
+    out = model.generate(**inputs, custom_generate=hs.generate, candidate_generator=drafter)
+    ```
     """
 
     name = "draft-model"
@@ -74,6 +82,30 @@ class DraftModelDrafter(Drafter):
         self.draft_tokenizer = draft_tokenizer
         self.vocab_size = vocabulary_size(draft_model)
         self._reset_cache()
+
+    @classmethod
+    def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
+        """A drafter whose draft model is a quantized copy of the target `model` (self-speculative decoding with a
+        quantized draft, as gpt-fast's int8/int4 drafts of the same model).
+
+        The copy is made in memory (`hf_speculators.quantization.quantized_copy`): no Hub round trip, no file, and
+        the tensors left unquantized (embeddings, norms, LM head) are shared with `model`, so the draft adds only
+        its quantized layers to memory. `model` itself is not changed; generate with it as the target.
+
+        Args:
+            model (`PreTrainedModel`): the target, in full precision (float32, bfloat16 or float16).
+            quantization (`str`): `"int8"` (torchao), `"nf4"` (bitsandbytes), `"int4"` (torchao) or `"fp8"`
+                (torchao, CUDA GPUs of compute capability >= 8.9 only); see `hf_speculators.quantization`.
+            **kwargs: the drafter's other arguments, e.g. `num_draft_tokens=5` (for `TreeDrafter`: `tree=`).
+
+        Raises:
+            `ValueError`: before any work, for a bad drafter argument, an unknown quantization, `"fp8"` without such
+                a GPU, a `model` that is quantized already or whose layers the mode's library cannot convert.
+            `ImportError`: the quantization library is not installed (`pip install "hf_speculators[quantization]"`).
+        """
+        drafter = cls(model, **kwargs)  # checks the drafter's arguments before the copy is made
+        drafter.draft_model = quantized_copy(model, quantization)  # same config and vocabulary as `model`
+        return drafter
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         check_same_vocabulary(target, self.draft_model, tokenizer, self.draft_tokenizer)
