@@ -305,14 +305,16 @@ def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngra
 
 
 @contextmanager
-def _pinned_assistant_config(draft, num_draft_tokens: int):
-    """Pins transformers' assisted generation to `num_draft_tokens` per step, constant, no confidence cut-off.
+def _pinned_assistant_config(draft, num_draft_tokens: int, confidence_threshold: float = 0.0):
+    """Pins transformers' assisted generation to `num_draft_tokens` per step, constant, and the confidence cut-off
+    (none by default).
 
     transformers 5.23 reads these settings from the assistant's own `generation_config` (defaults: 20 tokens,
     threshold 0.4) and ignores them as `generate()` keywords, so they are set there and restored afterwards.
     """
     config = draft.generation_config
-    pinned = {"num_assistant_tokens": num_draft_tokens, **PINNED_ASSISTANT_CONFIG}
+    pinned = {"num_assistant_tokens": num_draft_tokens, **PINNED_ASSISTANT_CONFIG,
+              "assistant_confidence_threshold": confidence_threshold}
     saved = {key: getattr(config, key, None) for key in pinned}
     try:
         for key, value in pinned.items():
@@ -504,6 +506,7 @@ def run_benchmark(
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
     exit_layer: int | None = None,
+    confidence_threshold: float | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -558,6 +561,9 @@ def run_benchmark(
             `"draft-model-tree"`'s `DynamicTree(top_k, num_nodes)`; `None` keeps the defaults (4; 4 and 24).
         exit_layer (`int`, *optional*): the layers that draft for `"hf-early-exit"` and `"layer-skip"` (required
             by them).
+        confidence_threshold (`float`, *optional*): adaptive draft length for the same two methods: drafting stops
+            after a token of lower draft probability (`LayerSkipDrafter(confidence_threshold=...)` and
+            transformers' `assistant_confidence_threshold`); `None` or 0 always drafts `num_draft_tokens`.
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -582,7 +588,7 @@ def run_benchmark(
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
-                       "tree_nodes": tree_nodes, "exit_layer": exit_layer}
+                       "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
                 "verifier": repr(verifier), **drafter_options}
@@ -594,7 +600,7 @@ def run_benchmark(
         if "hf-assisted" in methods:
             stack.enter_context(_pinned_assistant_config(draft, num_draft_tokens))
         if "hf-early-exit" in methods:
-            stack.enter_context(_pinned_assistant_config(target, num_draft_tokens))
+            stack.enter_context(_pinned_assistant_config(target, num_draft_tokens, confidence_threshold or 0.0))
         if out_path is not None:
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None

@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
     bench.add_argument("--exit-layer", type=int, default=None, help="hf-early-exit and layer-skip: the layers that draft")
+    bench.add_argument("--confidence-threshold", type=float, default=None,
+                       help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
@@ -212,7 +214,7 @@ def run_bench(args) -> int:
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-        exit_layer=args.exit_layer,
+        exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1

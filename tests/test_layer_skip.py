@@ -37,6 +37,18 @@ def test_greedy_layer_skip_equals_plain_greedy(deep_targets, arch, exit_layer, n
     assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_confidence_threshold_shortens_drafts_and_stays_exact(deep_targets, arch):
+    model, input_ids = deep_targets[arch], prompt_ids("random")
+    expected = plain_generate(model, input_ids, max_new_tokens=MAX_NEW_TOKENS)
+    drafter = hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=6, confidence_threshold=0.5)
+    out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True)
+    assert out.sequences.tolist() == expected.tolist()
+    stats = out.speculative_stats
+    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some drafts stopped early
+    assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
+
+
 def test_early_exits_of_random_models_are_sometimes_accepted(deep_targets):
     """The exactness tests above see acceptances as well as rejections."""
     drafter = hs.LayerSkipDrafter(exit_layer=3, num_draft_tokens=3)
@@ -153,6 +165,12 @@ def test_an_interrupted_step_leaves_every_layer_of_the_cache_as_before_the_step(
 def test_an_invalid_exit_layer_raises_at_construction(exit_layer):
     with pytest.raises(ValueError, match="exit_layer must be an integer >= 1"):
         hs.LayerSkipDrafter(exit_layer=exit_layer)
+
+
+@pytest.mark.parametrize("threshold", [-0.1, 1, 1.5, True, "0.5"])
+def test_an_invalid_confidence_threshold_raises_at_construction(threshold):
+    with pytest.raises(ValueError, match=r"confidence_threshold must be a number in \[0, 1\)"):
+        hs.LayerSkipDrafter(exit_layer=1, confidence_threshold=threshold)
 
 
 def test_an_exit_layer_at_the_models_depth_raises_before_any_forward(deep_targets):

@@ -80,14 +80,12 @@ class Drafter(CandidateGenerator):
     def _draft_token(self, prefix: torch.LongTensor, logits: torch.FloatTensor):
         """Picks the next draft token from raw logits `(1, vocab_size)` continuing `prefix` `(1, length)`.
 
-        The logits go through the call's processors as the target's do; returns the token `()` and, when
-        sampling, the distribution `(vocab_size,)` it was drawn from (`None` for the greedy argmax).
+        The logits go through the call's processors as the target's do; returns the token `()` and the processed
+        distribution `(vocab_size,)`: the one it was drawn from when sampling (its `draft_probs` row), the one whose
+        argmax it is otherwise.
         """
-        scores = process_logits(self.logits_processor, [prefix], logits)
-        if not self.do_sample:
-            return scores[0].argmax(), None
-        probs = torch.softmax(scores[0], dim=-1)
-        return sample(probs, self.generator), probs
+        probs = torch.softmax(process_logits(self.logits_processor, [prefix], logits)[0], dim=-1)
+        return (sample(probs, self.generator) if self.do_sample else probs.argmax()), probs
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         draft = self.propose(input_ids, self.num_draft_tokens)

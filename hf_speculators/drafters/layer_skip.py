@@ -35,10 +35,14 @@ class LayerSkipDrafter(Drafter):
 
     Args:
         exit_layer (`int`): E, the number of layers that draft, from 1 to the target's layers minus one.
-        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k).
+        num_draft_tokens (`int`, defaults to 5): the most draft tokens per step (k).
+        confidence_threshold (`float`, defaults to 0.0): adaptive draft length (Draft & Verify's adaptive
+            draft-exiting; transformers' `assistant_confidence_threshold`): drafting stops after a draft token
+            whose processed early-exit probability is below it. 0 always drafts k tokens.
 
     Raises:
-        `ValueError`: at construction for `exit_layer < 1` or `num_draft_tokens < 1`; at the start of generation
+        `ValueError`: at construction for `exit_layer < 1`, `num_draft_tokens < 1` or a `confidence_threshold`
+            outside [0, 1); at the start of generation
             for `exit_layer` at or over the target's number of layers, a model `DecoderLayers` cannot run, or
             sliding-window cache layers shorter than `max_length`.
         `RuntimeError`: from `get_candidates`: transformers' own assisted loop cannot share the target's cache.
@@ -46,11 +50,14 @@ class LayerSkipDrafter(Drafter):
 
     name = "layer-skip"
 
-    def __init__(self, exit_layer: int, num_draft_tokens: int = 5):
+    def __init__(self, exit_layer: int, num_draft_tokens: int = 5, confidence_threshold: float = 0.0):
         super().__init__(num_draft_tokens)
         if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or exit_layer < 1:
             raise ValueError(f"exit_layer must be an integer >= 1 (the number of layers that draft), got {exit_layer!r}.")
-        self.exit_layer = exit_layer
+        number = isinstance(confidence_threshold, (int, float)) and not isinstance(confidence_threshold, bool)
+        if not number or not 0 <= confidence_threshold < 1:
+            raise ValueError(f"confidence_threshold must be a number in [0, 1), got {confidence_threshold!r}.")
+        self.exit_layer, self.confidence_threshold = exit_layer, confidence_threshold
         self._layers = self._cache = self._exit_hidden = None
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
@@ -88,6 +95,8 @@ class LayerSkipDrafter(Drafter):
                 probs.append(token_probs)
                 fed = token.view(1, 1)
                 prefix = torch.cat([prefix, fed], dim=-1)
+                if token_probs[token] < self.confidence_threshold:
+                    break
             exit_hidden.append(self._early_layers(fed, prefix.shape[1]))  # the last draft token's cache entries
         except BaseException:
             truncate_layers(self._cache, num_cached)
@@ -122,4 +131,5 @@ class LayerSkipDrafter(Drafter):
         )
 
     def __repr__(self) -> str:
-        return f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens})"
+        threshold = f", confidence_threshold={self.confidence_threshold}" if self.confidence_threshold else ""
+        return f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens}{threshold})"
