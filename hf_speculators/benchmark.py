@@ -16,7 +16,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     num_target_forwards                           whole-target forward calls (a hook, for every method; layer
                                                   skip's verification runs only the upper layers, not counted)
     forward_seconds                               seconds inside target and draft forwards and the target's
-                                                  decoder layers run on their own (hooks; CPU-exact)
+                                                  modules run on their own by layer skip (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
@@ -345,20 +345,23 @@ class _Run:
     stats: SpeculativeStats | None
 
 
-def _decoder_layers(model) -> list:
-    """The decoder layers of `model` when layer skip can run them (it calls them outside the model's forward)."""
+def _layerwise_modules(model) -> list:
+    """The modules layer skip calls outside `model`'s forward (embeddings, decoder layers, final norm, LM head),
+    when it can run `model` at all."""
     try:
-        return list(DecoderLayers(model).layers)
+        parts = DecoderLayers(model)
     except ValueError:
         return []
+    optional = [m for m in (parts.rotary, parts.learned_positions) if m is not None]
+    return [parts.embeddings, *optional, *parts.layers, parts.final_norm, parts.head]
 
 
 @contextmanager
 def _forward_timer(target, draft):
     """Counts target forwards and adds up the seconds spent inside target and draft forwards (module hooks).
 
-    The target's decoder layers are timed too when they run outside its forward (layer skip); a layer inside a
-    timed forward is counted with it. Yields a dict with `num_target_forwards` (whole-model forwards) and
+    The target's embeddings, decoder layers, final norm and LM head are timed too when they run outside its
+    forward (layer skip); inside a timed forward they are counted with it. Yields a dict with `num_target_forwards` (whole-model forwards) and
     `forward_seconds`; on CUDA the hooks time kernel launches and waits, not the GPU work, so `forward_seconds`
     is exact on CPU only.
     """
@@ -374,7 +377,7 @@ def _forward_timer(target, draft):
         if not starts:  # the outermost timed module
             totals["forward_seconds"] += time.perf_counter() - start
 
-    modules = [m for m in (target, draft) if m is not None] + _decoder_layers(target)
+    modules = [m for m in (target, draft) if m is not None] + _layerwise_modules(target)
     hooks = [h for m in modules for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
         yield totals
