@@ -8,7 +8,7 @@ import hf_speculators as hs
 from speculative_helpers import plain_generate, prompt_ids, speculative_generate
 from tiny_models import build_model
 
-LAYERWISE_ARCHS = ("llama", "qwen2", "mistral", "gpt_neox", "gpt2")
+LAYERWISE_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gpt_neox", "gpt2")
 NUM_LAYERS = 4
 MAX_NEW_TOKENS = 30
 

@@ -10,6 +10,7 @@ from transformers import (
     MistralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
+    Qwen3Config,
 )
 
 VOCAB_SIZE = 96
@@ -34,6 +35,10 @@ def make_config(arch: str, hidden_size: int, num_layers: int, vocab_size: int = 
         return MistralConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                              sliding_window=None, **common)
+    if arch == "qwen3":  # Qwen2 plus per-head q/k norms inside attention
+        return Qwen3Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+                           max_position_embeddings=256, **common)
     if arch == "qwen2_sliding":  # layer 1 attends to a 5-token window: its cache keeps only recent tokens
         return Qwen2Config(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
