@@ -7,12 +7,12 @@ Stages (all run by default, each reads what the previous one wrote under ``--out
 
 1. ``tokenizer``: one byte-level BPE tokenizer (Hugging Face ``tokenizers``) shared by target and draft.
 2. ``target``: a Llama-style causal LM trained with next-token cross-entropy.
-3. ``draft``: a much smaller Llama distilled from the target with the forward KL divergence to the target's
-   next-token distribution on the same corpus (DistillSpec, Zhou et al. 2023), so that it agrees with it.
-4. ``layerskip``: continual pretraining of the target with the LayerSkip recipe (Elhoushi et al. 2024): layer
+3. ``layerskip``: continual pretraining of the target with the LayerSkip recipe (Elhoushi et al. 2024): layer
    dropout rising with depth and an early-exit loss through the shared final norm and LM head, so that the
    target's first layers draft for ``LayerSkipDrafter``. It replaces the saved target and reports the held-out
-   loss at every exit layer.
+   loss and argmax agreement at every exit layer.
+4. ``draft``: a much smaller Llama distilled from the final target with the forward KL divergence to its
+   next-token distribution on the same corpus (DistillSpec, Zhou et al. 2023), so that it agrees with it.
 
 Each model is saved as ``float16`` safetensors (to keep the shipped weights small) with a model card holding
 its held-out loss and the command that retrains it. Training uses bfloat16 autocast on the CPU.
@@ -57,7 +57,7 @@ EARLY_EXIT_ROTATION = 3
 EARLY_EXIT_SCALE = 1.0
 LAYERSKIP_PEAK_LR = 1e-3
 
-STAGES = ("tokenizer", "target", "draft", "layerskip")
+STAGES = ("tokenizer", "target", "layerskip", "draft")
 TARGET_SHAPE = dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024, num_attention_heads=6)
 DRAFT_SHAPE = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=768, num_attention_heads=4)
 
@@ -270,9 +270,11 @@ def model_card(role: str, model, steps: dict, stats: dict, command: str) -> str:
                   f"dropout rising with depth to {LAYER_DROPOUT_MAX} and an early-exit loss through the shared "
                   f"final norm and LM head at every {EARLY_EXIT_ROTATION}rd layer, rotating (Elhoushi et al. 2024), "
                   "here the forward KL to the final layer's next-token distribution (self-distillation)",
-        "draft": f"forward KL to the next-token distribution of the target (DistillSpec) as it was before its "
-                 f"LayerSkip stage, {steps['draft']} steps (peak learning rate 3e-3, warmup 200)",
+        "draft": f"forward KL to the next-token distribution of the target after its LayerSkip stage "
+                 f"(DistillSpec), {steps['draft']} steps (peak learning rate 3e-3, warmup 200)",
     }[role]
+    plain_loss = stats["plain_target_loss"]
+    before = "" if plain_loss is None else f" (before its LayerSkip stage {plain_loss})"
     exits = " | ".join(f"{i + 1}: {loss} ({agreement:.1%})" for i, (loss, agreement)
                        in enumerate(zip(stats["exit_losses"], stats["exit_agreements"])))
     return f"""---
@@ -295,8 +297,8 @@ It writes Shakespeare-like verse, GSM8K-style arithmetic and Python; it is not a
   Every {HELD_OUT_EVERY}th document is held out.
 - Recipe: {recipe}. AdamW (betas 0.9/0.95, weight decay 0.1), cosine decay to 10%, batches of
   {BATCH} x {SEQ_LEN} tokens, bfloat16 autocast on CPU. Weights stored in float16, loaded in float32.
-- Held-out evaluation (float32, nats per token): target {stats["target_loss"]} (before its LayerSkip stage
-  {stats["plain_target_loss"]}), draft {stats["draft_loss"]}; the draft's argmax equals the target's on
+- Held-out evaluation (float32, nats per token): target {stats["target_loss"]}{before}, draft
+  {stats["draft_loss"]}; the draft's argmax equals the target's on
   {stats["top1_agreement"]:.1%} of held-out positions.
 - The target's held-out loss when it exits after layer l (its first l layers, final norm and LM head; what
   `LayerSkipDrafter(exit_layer=l)` drafts with), and in brackets how often that exit's argmax equals the full
@@ -366,12 +368,7 @@ def main() -> None:
         save(target, args.out / "target")
     else:
         target = load_saved(args.out, "target")
-    if "draft" in stages:
-        draft, steps["draft"] = distill_draft(target, tokenizer, train_stream, args.draft_minutes, args.draft_steps)
-        save(draft, args.out / "draft")
-    else:
-        draft = load_saved(args.out, "draft")
-    plain_target_loss = "not measured in this run"  # the saved target may have had its LayerSkip stage already
+    plain_target_loss = None  # the saved target may have had its LayerSkip stage already
     if "layerskip" in stages:
         print(f"[layerskip] before: {held_out_exits(target, held_out)}", flush=True)
         plain_target_loss = evaluate(target, None, held_out)["target_loss"]
@@ -379,6 +376,11 @@ def main() -> None:
         steps["layerskip"] = layerskip_continual_pretraining(target, train_stream, args.layerskip_minutes,
                                                              args.layerskip_steps)
         save(target, args.out / "target")
+    if "draft" in stages:
+        draft, steps["draft"] = distill_draft(target, tokenizer, train_stream, args.draft_minutes, args.draft_steps)
+        save(draft, args.out / "draft")
+    else:
+        draft = load_saved(args.out, "draft")
 
     stats = evaluate(target, draft, held_out)
     stats.update(plain_target_loss=plain_target_loss, **held_out_exits(target, held_out))
@@ -386,8 +388,10 @@ def main() -> None:
     command = (f"python examples/train_demo_family.py --data {args.data} --out {args.out} --vocab-size "
                f"{args.vocab_size} --target-steps {steps['target']} --draft-steps {steps['draft']} "
                f"--layerskip-steps {steps['layerskip']}")
+    trained = {"target": {"target", "layerskip"} & set(stages), "draft": {"draft"} & set(stages)}
     for role, model in (("target", target), ("draft", draft)):
-        (args.out / role / "README.md").write_text(model_card(role, model, steps, stats, command))
+        if trained[role]:  # a card describes the run that trained its model
+            (args.out / role / "README.md").write_text(model_card(role, model, steps, stats, command))
 
 
 if __name__ == "__main__":
