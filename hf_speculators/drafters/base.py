@@ -77,14 +77,17 @@ class Drafter(CandidateGenerator):
         """
         return forward_logits(model, cache, input_ids, tree, num_prefix, num_logits)
 
-    def _draft_token(self, prefix: torch.LongTensor, logits: torch.FloatTensor):
+    def _draft_token(self, prefix: torch.LongTensor, logits: torch.FloatTensor, with_probs: bool = False):
         """Picks the next draft token from raw logits `(1, vocab_size)` continuing `prefix` `(1, length)`.
 
-        The logits go through the call's processors as the target's do; returns the token `()` and the processed
-        distribution `(vocab_size,)`: the one it was drawn from when sampling (its `draft_probs` row), the one whose
-        argmax it is otherwise.
+        The logits go through the call's processors as the target's do. Returns the token `()` and the processed
+        distribution `(vocab_size,)` when sampling (the one it was drawn from: its `draft_probs` row) or when
+        `with_probs` asks for it under greedy decoding, else `None` (greedy drafting needs only the argmax).
         """
-        probs = torch.softmax(process_logits(self.logits_processor, [prefix], logits)[0], dim=-1)
+        scores = process_logits(self.logits_processor, [prefix], logits)[0]
+        if not (self.do_sample or with_probs):
+            return scores.argmax(), None
+        probs = torch.softmax(scores, dim=-1)
         return (sample(probs, self.generator) if self.do_sample else probs.argmax()), probs
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:

@@ -90,12 +90,13 @@ class LayerSkipDrafter(Drafter):
         try:
             for _ in range(max_tokens):
                 exit_hidden.append(self._early_layers(fed, prefix.shape[1]))
-                token, token_probs = self._draft_token(prefix, self._layers.logits(exit_hidden[-1][:, -1]))
+                logits = self._layers.logits(exit_hidden[-1][:, -1])
+                token, token_probs = self._draft_token(prefix, logits, with_probs=self.confidence_threshold > 0)
                 tokens.append(token)
                 probs.append(token_probs)
                 fed = token.view(1, 1)
                 prefix = torch.cat([prefix, fed], dim=-1)
-                if token_probs[token] < self.confidence_threshold:
+                if self.confidence_threshold and token_probs[token] < self.confidence_threshold:
                     break
             exit_hidden.append(self._early_layers(fed, prefix.shape[1]))  # the last draft token's cache entries
         except BaseException:
