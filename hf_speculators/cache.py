@@ -33,7 +33,11 @@ def rollback(cache: Cache, num_tokens: int) -> None:
 
 
 def truncate_layers(cache: Cache, length: int) -> None:
-    """Keeps the first `length` tokens in every layer of `cache`, whatever each layer holds (layers may differ)."""
+    """Keeps the first `length` tokens in every layer of `cache`, whatever each layer holds (layers may differ).
+
+    Unlike `truncate`, which crops every layer by the first layer's excess, this reads each layer's own length:
+    for attention layers only (layer skip, its one user, checks that with `check_layerwise_support`).
+    """
     for layer in cache.layers:
         excess = layer.get_seq_length() - length
         if excess > 0:

@@ -16,14 +16,21 @@ FINAL_NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
 CACHE_ARGUMENT_NAMES = ("past_key_values", "layer_past")
 
 
-def _find(module, names: tuple[str, ...], what: str, model_type: str):
+def _first(names: tuple[str, ...], present, missing: str, looked_for: str, model_type: str) -> str:
+    """The first of `names` for which `present(name)` is true; otherwise `ValueError` saying what is `missing`."""
     for name in names:
-        if getattr(module, name, None) is not None:
-            return getattr(module, name)
+        if present(name):
+            return name
     raise ValueError(
-        f"Layer skip cannot run this {model_type} model: its base model {type(module).__name__} has no {what} "
-        f"(looked for the attribute {' / '.join(names)})."
+        f"Layer skip cannot run this {model_type} model: {missing} (looked for {looked_for} {' / '.join(names)})."
     )
+
+
+def _attribute(module, names: tuple[str, ...], what: str, model_type: str):
+    """The first attribute of `module` among `names` that is set (see `_first`)."""
+    missing = f"its base model {type(module).__name__} has no {what}"
+    return getattr(module, _first(names, lambda n: getattr(module, n, None) is not None, missing, "the attribute",
+                                  model_type))
 
 
 class DecoderLayers:
@@ -52,8 +59,8 @@ class DecoderLayers:
                 "them (e.g. scaled embeddings or capped logits). Use DraftModelDrafter or PromptLookupDrafter."
             )
         base = model.base_model
-        self.layers = _find(base, LAYER_LIST_NAMES, "list of decoder layers", model_type)
-        self.final_norm = _find(base, FINAL_NORM_NAMES, "final norm", model_type)
+        self.layers = _attribute(base, LAYER_LIST_NAMES, "list of decoder layers", model_type)
+        self.final_norm = _attribute(base, FINAL_NORM_NAMES, "final norm", model_type)
         self.rotary = getattr(base, "rotary_emb", None)
         self.learned_positions = getattr(base, "wpe", None)
         if (self.rotary is None) == (self.learned_positions is None):
@@ -65,7 +72,8 @@ class DecoderLayers:
         if self.head is None:
             raise ValueError(f"Layer skip cannot run this {model_type} model: it has no LM head.")
         parameters = inspect.signature(self.layers[0].forward).parameters
-        self.cache_argument = _find_name(parameters, CACHE_ARGUMENT_NAMES, model_type)
+        self.cache_argument = _first(CACHE_ARGUMENT_NAMES, parameters.__contains__,
+                                     "its decoder layers take no cache argument", "the argument", model_type)
         self.num_layers = model.config.num_hidden_layers
         self.dtype = model.dtype
 
@@ -105,12 +113,3 @@ class DecoderLayers:
         """LM-head logits `(..., vocab_size)` of hidden states `(..., hidden_size)` after the final norm."""
         return self.head(self.final_norm(hidden_states))
 
-
-def _find_name(parameters, names: tuple[str, ...], model_type: str) -> str:
-    for name in names:
-        if name in parameters:
-            return name
-    raise ValueError(
-        f"Layer skip cannot run this {model_type} model: its decoder layers take no cache argument "
-        f"(looked for {' / '.join(names)})."
-    )

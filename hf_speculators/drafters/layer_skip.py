@@ -4,13 +4,9 @@ import torch
 
 from ..cache import check_layerwise_support, truncate_layers
 from ..layers import DecoderLayers
+from ..tree import TokenTree
 from ..types import Draft
 from .base import Drafter
-
-
-def _positions(num_prefix: int, num_tokens: int, device) -> torch.LongTensor:
-    """Position ids `(1, num_tokens)` of the last `num_tokens` of `num_prefix` tokens."""
-    return torch.arange(num_prefix - num_tokens, num_prefix, device=device)[None]
 
 
 class LayerSkipDrafter(Drafter):
@@ -58,7 +54,7 @@ class LayerSkipDrafter(Drafter):
         if not number or not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be a number in [0, 1), got {confidence_threshold!r}.")
         self.exit_layer, self.confidence_threshold = exit_layer, confidence_threshold
-        self._layers = self._cache = self._exit_hidden = None
+        self._layers = self._cache = self._exit_hidden = self._no_draft = None
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
@@ -75,10 +71,11 @@ class LayerSkipDrafter(Drafter):
             )
         check_layerwise_support(cache, generation_config.max_length)
         self._layers, self._cache, self._exit_hidden = layers, cache, None
+        self._no_draft = TokenTree.chain(0, target.device)  # the positions of committed tokens
 
     def _early_layers(self, input_ids: torch.LongTensor, num_prefix: int) -> torch.FloatTensor:
         """Layer-E hidden states `(1, n, hidden_size)` of `input_ids` `(1, n)`, the last n of `num_prefix` tokens."""
-        position_ids = _positions(num_prefix, input_ids.shape[1], input_ids.device)
+        position_ids = self._no_draft.position_ids(num_prefix, input_ids.shape[1])
         hidden_states = self._layers.embed(input_ids, position_ids)
         return self._layers.run(hidden_states, position_ids, range(self.exit_layer), self._cache, num_prefix)
 
@@ -117,7 +114,7 @@ class LayerSkipDrafter(Drafter):
         if exit_hidden.shape[1] != num_tokens or not tree.is_chain:
             raise RuntimeError("LayerSkipDrafter.target_forward must score the chain its last propose() drafted.")
         try:
-            position_ids = _positions(num_total, num_tokens, input_ids.device)
+            position_ids = tree.position_ids(num_prefix, num_tokens).to(input_ids.device)
             late = range(self.exit_layer, self._layers.num_layers)
             hidden_states = self._layers.run(exit_hidden, position_ids, late, cache, num_total)
         except BaseException:
