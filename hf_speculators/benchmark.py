@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
 from .decoding import generate
+from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
 from .metrics import SpeculativeStats, clock
 from .quantization import quantization_settings
@@ -345,25 +346,31 @@ class _Run:
     stats: SpeculativeStats | None
 
 
-def _layerwise_modules(model) -> list:
-    """The modules layer skip calls outside `model`'s forward (embeddings, decoder layers, final norm, LM head),
-    when it can run `model` at all."""
-    try:
-        parts = DecoderLayers(model)
-    except ValueError:
-        return []
-    optional = [m for m in (parts.rotary, parts.learned_positions) if m is not None]
-    return [parts.embeddings, *optional, *parts.layers, parts.final_norm, parts.head]
+def _draft_model(generate_kwargs: dict):
+    """The draft model a method's `generate` keywords run (transformers' assistant or our drafter's), if any."""
+    drafter = generate_kwargs.get("candidate_generator")
+    return generate_kwargs.get("assistant_model", getattr(drafter, "draft_model", None))
+
+
+def _timed_modules(target, generate_kwargs: dict) -> list:
+    """The modules whose forwards count as model time for a method: the target, its draft model (`_draft_model`),
+    and for layer skip the target's parts it calls outside the target's forward (embeddings, decoder layers,
+    final norm, LM head); other methods hook no layer, so their timing pays for no extra hooks."""
+    modules = [m for m in (target, _draft_model(generate_kwargs)) if m is not None]
+    if isinstance(generate_kwargs.get("candidate_generator"), LayerSkipDrafter):
+        parts = DecoderLayers(target)
+        positions = [m for m in (parts.rotary, parts.learned_positions) if m is not None]
+        modules += [parts.embeddings, *positions, *parts.layers, parts.final_norm, parts.head]
+    return modules
 
 
 @contextmanager
-def _forward_timer(target, draft):
-    """Counts target forwards and adds up the seconds spent inside target and draft forwards (module hooks).
+def _forward_timer(target, modules: list):
+    """Counts target forwards and adds up the seconds spent inside the forwards of `modules` (module hooks).
 
-    The target's embeddings, decoder layers, final norm and LM head are timed too when they run outside its
-    forward (layer skip); inside a timed forward they are counted with it. Yields a dict with `num_target_forwards` (whole-model forwards) and
-    `forward_seconds`; on CUDA the hooks time kernel launches and waits, not the GPU work, so `forward_seconds`
-    is exact on CPU only.
+    A module that runs inside another timed module's forward is counted with it. Yields a dict with
+    `num_target_forwards` (whole-target forwards) and `forward_seconds`; on CUDA the hooks time kernel launches
+    and waits, not the GPU work, so `forward_seconds` is exact on CPU only.
     """
     totals = {"num_target_forwards": 0, "forward_seconds": 0.0}
     starts = []
@@ -377,7 +384,6 @@ def _forward_timer(target, draft):
         if not starts:  # the outermost timed module
             totals["forward_seconds"] += time.perf_counter() - start
 
-    modules = [m for m in (target, draft) if m is not None] + _layerwise_modules(target)
     hooks = [h for m in modules for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
         yield totals
@@ -386,15 +392,9 @@ def _forward_timer(target, draft):
             hook.remove()
 
 
-def _draft_model(generate_kwargs: dict):
-    """The draft model a method's `generate` keywords run (transformers' assistant or our drafter's), if any."""
-    drafter = generate_kwargs.get("candidate_generator")
-    return generate_kwargs.get("assistant_model", getattr(drafter, "draft_model", None))
-
-
 def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
     """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its model forwards measured."""
-    with _forward_timer(target, _draft_model(generate_kwargs)) as forwards:
+    with _forward_timer(target, _timed_modules(target, generate_kwargs)) as forwards:
         start = clock(target.device)
         output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  return_dict_in_generate=True, **generate_kwargs)
