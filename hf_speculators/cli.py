@@ -69,11 +69,12 @@ def _add_tree_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree-nodes", type=int, default=None, help="draft-model-tree: node budget (default 24)")
 
 
-def _float_list(text: str) -> list[float]:
+def _typical_settings(text: str) -> list[float | tuple[float, float]]:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [tuple(map(float, item.split(":"))) if ":" in item else float(item)
+                for item in text.split(",") if item.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated EPSILON or EPSILON:DELTA, got {text!r}") from None
 
 
 def _top_k_settings(text: str) -> list[tuple[int, float]]:
@@ -92,6 +93,8 @@ def _add_generate(commands) -> None:
     _add_model_options(gen, threads=None, from_preset=True)
     gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
     gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
+    gen.add_argument("--confidence-threshold", type=float, default=None,
+                     help="layer-skip: stop drafting after a token less likely than this")
     gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
     gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
     gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
@@ -132,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
     sweep.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     _add_tree_options(sweep)
-    sweep.add_argument("--typical-epsilons", type=_float_list, default=list(DEFAULT_TYPICAL_EPSILONS),
-                       help="typical settings: epsilon values, delta = sqrt(epsilon) (comma-separated)")
+    sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,
+                       default=list(DEFAULT_TYPICAL_EPSILONS),
+                       help="typical settings: EPSILON (delta = sqrt(epsilon)) or EPSILON:DELTA (comma-separated)")
     sweep.add_argument("--top-k-settings", type=_top_k_settings, default=list(DEFAULT_TOP_K_SETTINGS),
                        help="top_k settings: TOP_K:TOLERANCE pairs, tolerance in nats (comma-separated)")
     sweep.add_argument("--out", default="bench_results/sweep.jsonl", help="JSONL records, one per (prompt, setting)")
@@ -159,6 +163,7 @@ def config_from_args(args) -> SpeculativeConfig:
         "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
         "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
+        "confidence_threshold": args.confidence_threshold,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -223,7 +228,7 @@ def run_bench(args) -> int:
 def run_sweep_command(args) -> int:
     if not args.no_plot:
         pyplot()  # fail before the sweep, not after it, when matplotlib is missing
-    verifiers = default_verifiers(args.typical_epsilons, args.top_k_settings)
+    verifiers = default_verifiers(args.typical_settings, args.top_k_settings)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
     target, draft = _load_models(args, args.method in DRAFT_MODEL_METHODS)
@@ -256,8 +261,10 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     if sampled:
         identical = "n/a (sampling: " + ("lossless in distribution, not token for token)" if stats.lossless else
                                          "relaxed verification, not the target's distribution)")
+    elif torch.equal(out.sequences, plain):
+        identical = "yes"
     else:
-        identical = "yes" if torch.equal(out.sequences, plain) else "NO"
+        identical = "NO" if stats.lossless else "no (relaxed verification keeps tokens that are not the target's argmax)"
     print(f"\n---\ndrafter: {stats.drafter}; verifier: {stats.verifier} ({'lossless' if stats.lossless else 'relaxed'})")
     print(f"speculative: {new_tokens} tokens in {seconds:.2f} s = {speed:.1f} tokens/s")
     print(f"plain generate(): {plain_tokens} tokens in {plain_seconds:.2f} s = {plain_speed:.1f} tokens/s")

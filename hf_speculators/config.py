@@ -17,7 +17,7 @@ from .vllm_export import to_vllm
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
-    "layer-skip": (("exit_layer",), ()),
+    "layer-skip": (("exit_layer",), ("confidence_threshold",)),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
 }
@@ -38,13 +38,17 @@ def _check_int(name: str, value) -> None:
         _fail(name, "an integer >= 1", value)
 
 
-def _check_number(name: str, value, low: float, high: float | None = None, low_included: bool = False) -> None:
+def _check_number(name: str, value, low: float, high: float | None = None, low_included: bool = False,
+                  high_included: bool = True) -> None:
     if value is None:
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    in_range = number and (value >= low if low_included else value > low) and (high is None or value <= high)
-    if not in_range:
-        bounds = f"{'>=' if low_included else '>'} {low}" + ("" if high is None else f" and <= {high}")
+    above = number and (value >= low if low_included else value > low)
+    below = high is None or (number and (value <= high if high_included else value < high))
+    if not (above and below):
+        bounds = f"{'>=' if low_included else '>'} {low}"
+        if high is not None:
+            bounds += f" and {'<=' if high_included else '<'} {high}"
         _fail(name, f"a number {bounds}", value)
 
 
@@ -74,6 +78,8 @@ class SpeculativeConfig:
         draft_quantization (`str`, *optional*): one of `QUANTIZATIONS` (`"int8"`, `"nf4"`, `"int4"`, `"fp8"`): the
             draft model is loaded quantized (see `hf_speculators.quantization`).
         exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
+        confidence_threshold (`float`, *optional*): layer-skip's adaptive draft length, in [0, 1): drafting stops
+            after a token whose early-exit probability is below it (`LayerSkipDrafter`).
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
             Unset: `TreeDrafter`'s default dynamic tree.
@@ -102,6 +108,7 @@ class SpeculativeConfig:
     draft_revision: str | None = None
     draft_quantization: str | None = None
     exit_layer: int | None = None
+    confidence_threshold: float | None = None
     tree: dict | None = None
     verification: str | None = None
     typical_epsilon: float | None = None
@@ -120,6 +127,8 @@ class SpeculativeConfig:
         _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
         _check_number("typical_delta", self.typical_delta, low=0)
         _check_number("accept_tolerance", self.accept_tolerance, low=0, low_included=True)
+        _check_number("confidence_threshold", self.confidence_threshold, low=0, high=1, low_included=True,
+                      high_included=False)
         if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:
             _fail("draft_quantization", f"one of {QUANTIZATIONS}", self.draft_quantization)
         if self.tree is not None and not isinstance(self.tree, dict):

@@ -36,11 +36,15 @@ _AXIS_LABELS = {
 }
 
 
-def default_verifiers(typical_epsilons: Sequence[float] = DEFAULT_TYPICAL_EPSILONS,
+def default_verifiers(typical_settings: Sequence[float | tuple[float, float]] = DEFAULT_TYPICAL_EPSILONS,
                       top_k_settings: Sequence[tuple[int, float]] = DEFAULT_TOP_K_SETTINGS) -> list[Verifier]:
-    """Exact verification, then `TypicalVerifier(epsilon)` (delta = sqrt(epsilon)) and `TopKVerifier(k, tolerance)`."""
-    return ([ExactVerifier()] + [TypicalVerifier(epsilon) for epsilon in typical_epsilons]
-            + [TopKVerifier(top_k, tolerance) for top_k, tolerance in top_k_settings])
+    """Exact verification, then `TypicalVerifier` per typical setting and `TopKVerifier(k, tolerance)` per pair.
+
+    A typical setting is `epsilon` (delta = sqrt(epsilon), Medusa's default) or an `(epsilon, delta)` pair.
+    """
+    typical = [TypicalVerifier(*setting) if isinstance(setting, tuple) else TypicalVerifier(setting)
+               for setting in typical_settings]
+    return [ExactVerifier(), *typical, *(TopKVerifier(top_k, tolerance) for top_k, tolerance in top_k_settings)]
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ def test_a_speculative_config_builds_a_layer_skip_drafter(deep_targets):
     out = model.generate(prompt_ids("random"), custom_generate=hs.generate, speculative_config=config,
                          do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
     assert out.tolist() == plain_generate(model, prompt_ids("random"), max_new_tokens=MAX_NEW_TOKENS).tolist()
+    drafter, _ = hs.SpeculativeConfig(method="layer-skip", exit_layer=2, confidence_threshold=0.4).build(model)
+    assert (drafter.exit_layer, drafter.confidence_threshold) == (2, 0.4)
 
 
 # ---------------------------------------------------------------- exception safety

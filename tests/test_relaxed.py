@@ -190,9 +190,9 @@ def test_sweep(target, draft, tokenizer, tmp_path):
 
 
 def test_default_sweep_settings():
-    names = [repr(v) for v in default_verifiers([0.09], [(3, 1.0)])]
+    names = [repr(v) for v in default_verifiers([0.09, (0.5, 2.0)], [(3, 1.0)])]
     assert names == ["ExactVerifier()", "TypicalVerifier(epsilon=0.09, delta=0.3)",
-                     "TopKVerifier(top_k=3, accept_tolerance=1)"]
+                     "TypicalVerifier(epsilon=0.5, delta=2)", "TopKVerifier(top_k=3, accept_tolerance=1)"]
 
 
 @pytest.fixture
@@ -211,10 +211,11 @@ def test_cli_bench_and_sweep(model_dirs, capsys):
     out = str(model_dirs / "bench.jsonl")
     assert main(["bench", *common, "--methods", "draft-model-tree", "--verifier", "top_k", "--out", out]) == 0
     assert all(json.loads(line)["verifier"] in (None, "top_k") for line in open(out))
-    sweep = ["sweep", *common, "--typical-epsilons", "0.09", "--top-k-settings", "2:1", "--tree-nodes", "4",
+    sweep = ["sweep", *common, "--typical-settings", "0.09,0.5:2", "--top-k-settings", "2:1", "--tree-nodes", "4",
              "--out", str(model_dirs / "sweep.jsonl")]
     assert main(sweep + ["--no-plot"]) == 0
-    assert "TypicalVerifier(epsilon=0.09" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "TypicalVerifier(epsilon=0.09" in table and "TypicalVerifier(epsilon=0.5, delta=2)" in table
     if not HAS_MATPLOTLIB:  # the sweep fails at once, before any model runs, and says how to install it
         assert main(sweep) == 2
         assert 'pip install "hf_speculators[plot]"' in capsys.readouterr().err
@@ -224,3 +225,6 @@ def test_cli_rejects_bad_sweep_settings(capsys):
     with pytest.raises(SystemExit):
         main(["sweep", "--prompts", "p.txt", "--top-k-settings", "2-1"])
     assert "TOP_K:TOLERANCE pairs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sweep", "--prompts", "p.txt", "--typical-settings", "0.5:x"])
+    assert "EPSILON or EPSILON:DELTA" in capsys.readouterr().err
