@@ -264,7 +264,8 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     elif torch.equal(out.sequences, plain):
         identical = "yes"
     else:
-        identical = "NO" if stats.lossless else "no (relaxed verification keeps tokens that are not the target's argmax)"
+        relaxed = "no (relaxed verification keeps tokens that are not the target's argmax)"
+        identical = "NO" if stats.lossless else relaxed
     print(f"\n---\ndrafter: {stats.drafter}; verifier: {stats.verifier} ({'lossless' if stats.lossless else 'relaxed'})")
     print(f"speculative: {new_tokens} tokens in {seconds:.2f} s = {speed:.1f} tokens/s")
     print(f"plain generate(): {plain_tokens} tokens in {plain_seconds:.2f} s = {plain_speed:.1f} tokens/s")

@@ -15,7 +15,7 @@ from .vllm_export import to_vllm
 
 # method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size")),
+    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
     "layer-skip": (("exit_layer",), ("confidence_threshold",)),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
@@ -72,6 +72,7 @@ class SpeculativeConfig:
             `SPECULATORS_TYPES`).
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1.
         max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
+        num_candidates (`int`, *optional*): prompt lookup's continuations merged into one token tree (1: a chain).
         draft_model (`str`, *optional*): the draft model: a Hub id, a local folder or a demo id
             (`"hf_speculators/demo-draft"`); for speculators types, the speculator checkpoint.
         draft_revision (`str`, *optional*): the draft model's Hub branch, tag or commit.
@@ -104,6 +105,7 @@ class SpeculativeConfig:
     num_draft_tokens: int | None = None
     max_ngram_size: int | None = None
     min_ngram_size: int | None = None
+    num_candidates: int | None = None
     draft_model: str | None = None
     draft_revision: str | None = None
     draft_quantization: str | None = None
@@ -120,7 +122,7 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
-        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "exit_layer", "top_k"):
+        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k"):
             _check_int(name, getattr(self, name))
         for name in ("draft_model", "draft_revision", "target_model", "source", "notes"):
             _check_text(name, getattr(self, name))

@@ -52,7 +52,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
 
     Raises:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
-            relaxed verification (typical, top_k), or an int8/nf4/int4 draft quantization.
+            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, or an int8/nf4/int4
+            draft quantization.
     """
     if config.method not in VLLM_METHODS:
         raise ValueError(
@@ -62,6 +63,11 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     _check_verification(config)
     settings = dict(VLLM_METHODS[config.method])
     if config.method == "prompt-lookup":
+        if (config.num_candidates or 1) > 1:
+            raise ValueError(
+                f"num_candidates={config.num_candidates} (a token tree of prompt-lookup continuations) has no vLLM "
+                "equivalent: vLLM's ngram method drafts one continuation. Remove num_candidates to export."
+            )
         settings["prompt_lookup_max"] = config.resolved("max_ngram_size")
         settings["prompt_lookup_min"] = config.resolved("min_ngram_size")
     else:

@@ -13,8 +13,8 @@ from hf_speculators.loading import DEMO_DRAFT
 # between them these set every field (one method cannot take them all)
 FULL_CONFIGS = [
     SpeculativeConfig(
-        method="prompt-lookup", num_draft_tokens=10, max_ngram_size=4, min_ngram_size=2, verification="typical",
-        typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
+        method="prompt-lookup", num_draft_tokens=10, max_ngram_size=4, min_ngram_size=2, num_candidates=3,
+        verification="typical", typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
         notes="line one\nline two",
     ),
     SpeculativeConfig(
@@ -78,6 +78,9 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"method": "layer-skip", "exit_layer": 1, "confidence_threshold": 1},
          "confidence_threshold must be a number >= 0 and < 1, got 1"),
         ({"confidence_threshold": 0.5}, "confidence_threshold does not apply to method='prompt-lookup'"),
+        ({"num_candidates": 0}, "num_candidates must be an integer >= 1, got 0"),
+        ({"method": "draft-model", "draft_model": "a/b", "num_candidates": 2},
+         "num_candidates does not apply to method='draft-model'"),
         ({"method": "draft-model", "draft_model": "a/b", "draft_quantization": "int3"},
          "draft_quantization must be one of"),
         ({"method": "draft-model", "draft_model": ""}, "draft_model must be a non-empty string"),
@@ -294,7 +297,8 @@ def test_malformed_json_raises(tmp_path):
     [
         (SpeculativeConfig(), {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1,
                                "num_speculative_tokens": 8}),
-        (SpeculativeConfig(num_draft_tokens=5, max_ngram_size=4, min_ngram_size=2, verification="exact"),
+        (SpeculativeConfig(num_draft_tokens=5, max_ngram_size=4, min_ngram_size=2, num_candidates=1,
+                           verification="exact"),
          {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2, "num_speculative_tokens": 5}),
         (SpeculativeConfig(method="draft-model", draft_model="org/draft", verification="rejection"),
          {"method": "draft_model", "model": "org/draft", "num_speculative_tokens": 5}),
@@ -319,6 +323,7 @@ def test_to_vllm_maps_each_method(config, expected):
     [
         (SpeculativeConfig(method="layer-skip", exit_layer=4), "method='layer-skip' has no vLLM equivalent"),
         (SpeculativeConfig(method="tree", draft_model="a/b", tree={"paths": [[0]]}), "method='tree' has no vLLM"),
+        (SpeculativeConfig(num_candidates=4), "num_candidates=4 .* has no vLLM equivalent"),
         (SpeculativeConfig(verification="typical"), "verification='typical' is relaxed"),
         (SpeculativeConfig(verification="top_k", top_k=3), "verification='top_k' is relaxed"),
         (SpeculativeConfig(method="draft-model", draft_model="a/b", draft_quantization="nf4"),

@@ -208,14 +208,18 @@ def test_building_for_another_target_warns(target):
 # ---------------------------------------------------------------- generate(speculative_config=)
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "prompt-lookup-tree", "draft-model"])
 def test_custom_generate_builds_from_the_config(method, saved_models, target, inputs, plain):
-    config = draft_config(saved_models) if method == "draft-model" else hs.SpeculativeConfig(num_draft_tokens=3)
+    config = {"prompt-lookup": hs.SpeculativeConfig(num_draft_tokens=3),
+              "prompt-lookup-tree": hs.SpeculativeConfig(num_draft_tokens=3, num_candidates=3),
+              "draft-model": draft_config(saved_models)}[method]
     out = target.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=hs.generate,
                           speculative_config=config, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
-    expected = {"prompt-lookup": "PromptLookupDrafter", "draft-model": "DraftModelDrafter"}[method]
+    expected = {"prompt-lookup": "PromptLookupDrafter(", "prompt-lookup-tree": "PromptLookupDrafter(",
+                "draft-model": "DraftModelDrafter"}[method]
     assert out.speculative_stats.drafter.startswith(expected)
+    assert ("num_candidates=3" in out.speculative_stats.drafter) == (method == "prompt-lookup-tree")
 
 
 def test_enabled_generate_takes_the_config_and_its_verifier(saved_models, target, inputs, tokenizer, plain):
