@@ -510,6 +510,7 @@ def run_benchmark(
     tree_nodes: int | None = None,
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
+    draft_vocab=None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -567,6 +568,9 @@ def run_benchmark(
         confidence_threshold (`float`, *optional*): adaptive draft length for the same two methods: drafting stops
             after a token of lower draft probability (`LayerSkipDrafter(confidence_threshold=...)` and
             transformers' `assistant_confidence_threshold`); `None` or 0 always drafts `num_draft_tokens`.
+        draft_vocab (`torch.LongTensor`, *optional*): `"layer-skip"`'s reduced draft vocabulary
+            (`LayerSkipDrafter(draft_vocab=...)`, e.g. from `hf_speculators.vocab.frequent_tokens`); records
+            give its size as `draft_vocab_size`.
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -591,10 +595,13 @@ def run_benchmark(
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
-                       "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold}
+                       "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
+                       "draft_vocab": draft_vocab}
+    recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
-                "verifier": repr(verifier), **drafter_options}
+                "verifier": repr(verifier), **recorded_options,
+                "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
     kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options)
               for m in methods}

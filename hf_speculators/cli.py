@@ -31,6 +31,7 @@ from .sweep import (
     sweep_table,
 )
 from .verifiers import VERIFIERS
+from .vocab import frequent_tokens, read_corpus
 
 DEFAULT_PRESET = "demo-draft-model"
 
@@ -121,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--exit-layer", type=int, default=None, help="hf-early-exit and layer-skip: the layers that draft")
     bench.add_argument("--confidence-threshold", type=float, default=None,
                        help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
+    bench.add_argument("--draft-vocab-size", type=int, default=None,
+                       help="layer-skip: draft only the N tokens most frequent in --draft-vocab-corpus (FR-Spec)")
+    bench.add_argument("--draft-vocab-corpus", nargs="+", default=None, metavar="FILE",
+                       help="text files (lines) or JSONL files (string fields) to count token frequencies on")
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
@@ -209,17 +214,29 @@ def _load_models(args, needs_draft: bool):
     return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
 
 
+def _draft_vocab(args, tokenizer):
+    """The draft vocabulary that `--draft-vocab-size` and `--draft-vocab-corpus` ask for (`None` without them)."""
+    if (args.draft_vocab_size is None) != (args.draft_vocab_corpus is None):
+        raise ValueError("--draft-vocab-size and --draft-vocab-corpus go together: the N most frequent tokens of "
+                         "which texts.")
+    if args.draft_vocab_size is None:
+        return None
+    return frequent_tokens(tokenizer, read_corpus(args.draft_vocab_corpus), args.draft_vocab_size)
+
+
 def run_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     needs_draft = any(m in DRAFT_MODEL_METHODS for m in methods)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
+    draft_vocab = _draft_vocab(args, tokenizer)
     target, draft = _load_models(args, needs_draft)
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
+        draft_vocab=draft_vocab,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1

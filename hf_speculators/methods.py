@@ -29,6 +29,7 @@ def make_drafter(
     draft_tokenizer=None,
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
+    draft_vocab=None,
     target=None,
 ) -> Drafter:
     """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
@@ -38,8 +39,8 @@ def make_drafter(
     - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
-    - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens, confidence_threshold)`, the target's own
-      first layers.
+    - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens, confidence_threshold, draft_vocab)`, the
+      target's own first layers.
     - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`:
       `DraftModelDrafter.from_target(target, quantization, num_draft_tokens)`, a quantized copy of `target`.
 
@@ -56,7 +57,8 @@ def make_drafter(
         if exit_layer is None:
             raise ValueError("Method 'layer-skip' needs an exit layer (--exit-layer E): the layers that draft.")
         return LayerSkipDrafter(exit_layer, **_given(num_draft_tokens=num_draft_tokens,
-                                                     confidence_threshold=confidence_threshold))
+                                                     confidence_threshold=confidence_threshold,
+                                                     draft_vocab=draft_vocab))
     if method in SELF_DRAFT_METHODS:
         if target is None:
             raise ValueError(f"Method {method!r} needs the target model, of which it drafts with a quantized copy.")

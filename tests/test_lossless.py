@@ -228,13 +228,13 @@ def test_generator_argument_through_enable(zoo, fresh_target):
     assert sampled_output(3) != sampled_output(4)
 
 
-@pytest.mark.parametrize("drafter_kind", ["draft_model", "layer_skip"])
+@pytest.mark.parametrize("drafter_kind", ["draft_model", "layer_skip", "layer_skip_draft_vocab"])
 def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo, drafter_kind):
     """First two tokens of `hs.generate` with top-k and temperature: distributed as the target's.
 
     The draft model (a perturbed copy of the target) and the target's own first layer (layer skip, drafting into
     the target's cache) overlap the target's top-3 in part, so accepted draft tokens, recovered tokens and bonus
-    tokens all occur.
+    tokens all occur; with a draft vocabulary of every other token, layer skip never drafts part of that support.
 
     Calls `hs.generate` directly with the processors transformers would build, to keep 2000 runs fast.
     """
@@ -256,6 +256,9 @@ def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo, dr
     drafter = {  # both partly accepted
         "draft_model": lambda: hs.DraftModelDrafter(zoo.noisy_draft("llama"), num_draft_tokens=2),
         "layer_skip": lambda: hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=2),
+        # half the vocabulary: the target's support is partly outside it, so some tokens are never drafted
+        "layer_skip_draft_vocab": lambda: hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=2,
+                                                             draft_vocab=range(0, model.config.vocab_size, 2)),
     }[drafter_kind]()
     # the fields a transformers-prepared config has set (a fresh GenerationConfig leaves them None)
     config = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 2, top_k=3, temperature=0.8, num_beams=1,

@@ -6,6 +6,7 @@ from ..cache import check_layerwise_support, truncate_layers
 from ..layers import DecoderLayers
 from ..tree import TokenTree
 from ..types import Draft
+from ..vocab import DraftVocabHead, check_draft_vocab
 from .base import Drafter
 
 
@@ -35,18 +36,24 @@ class LayerSkipDrafter(Drafter):
         confidence_threshold (`float`, defaults to 0.0): adaptive draft length (Draft & Verify's adaptive
             draft-exiting; transformers' `assistant_confidence_threshold`): drafting stops after a draft token
             whose processed early-exit probability is below it. 0 always drafts k tokens.
+        draft_vocab (`torch.LongTensor` or sequence of `int`, *optional*): a reduced draft vocabulary (FR-Spec,
+            Zhao et al. 2025; e.g. `hf_speculators.vocab.frequent_tokens`): the early exit scores only these
+            tokens, through a copy of their LM-head rows, so each draft token reads that many rows instead of the
+            whole vocabulary. Verification scores every token, so the output is unchanged. Unset: every token.
 
     Raises:
-        `ValueError`: at construction for `exit_layer < 1`, `num_draft_tokens < 1` or a `confidence_threshold`
-            outside [0, 1); at the start of generation
-            for `exit_layer` at or over the target's number of layers, a model `DecoderLayers` cannot run, or
-            sliding-window cache layers shorter than `max_length`.
+        `ValueError`: at construction for `exit_layer < 1`, `num_draft_tokens < 1`, a `confidence_threshold`
+            outside [0, 1) or a malformed `draft_vocab`; at the start of generation
+            for `exit_layer` at or over the target's number of layers, a model `DecoderLayers` cannot run,
+            sliding-window cache layers shorter than `max_length`, or a `draft_vocab` the LM head cannot slice
+            (a quantized head, an id out of range).
         `RuntimeError`: from `get_candidates`: transformers' own assisted loop cannot share the target's cache.
     """
 
     name = "layer-skip"
 
-    def __init__(self, exit_layer: int, num_draft_tokens: int = 5, confidence_threshold: float = 0.0):
+    def __init__(self, exit_layer: int, num_draft_tokens: int = 5, confidence_threshold: float = 0.0,
+                 draft_vocab=None):
         super().__init__(num_draft_tokens)
         if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or exit_layer < 1:
             raise ValueError(f"exit_layer must be an integer >= 1 (the number of layers that draft), got {exit_layer!r}.")
@@ -54,7 +61,8 @@ class LayerSkipDrafter(Drafter):
         if not number or not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be a number in [0, 1), got {confidence_threshold!r}.")
         self.exit_layer, self.confidence_threshold = exit_layer, confidence_threshold
-        self._layers = self._cache = self._exit_hidden = self._no_draft = None
+        self.draft_vocab = None if draft_vocab is None else check_draft_vocab(draft_vocab)
+        self._layers = self._cache = self._exit_hidden = self._no_draft = self._draft_head = None
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
@@ -71,6 +79,7 @@ class LayerSkipDrafter(Drafter):
             )
         check_layerwise_support(cache, generation_config.max_length)
         self._layers, self._cache, self._exit_hidden = layers, cache, None
+        self._draft_head = layers.head if self.draft_vocab is None else DraftVocabHead(layers.head, self.draft_vocab)
         self._no_draft = TokenTree.chain(0, target.device)  # the positions of committed tokens
 
     def _early_layers(self, input_ids: torch.LongTensor, num_prefix: int) -> torch.FloatTensor:
@@ -87,7 +96,7 @@ class LayerSkipDrafter(Drafter):
         try:
             for _ in range(max_tokens):
                 exit_hidden.append(self._early_layers(fed, prefix.shape[1]))
-                logits = self._layers.logits(exit_hidden[-1][:, -1])
+                logits = self._draft_head(self._layers.final_norm(exit_hidden[-1][:, -1]))
                 token, token_probs = self._draft_token(prefix, logits, with_probs=self.confidence_threshold > 0)
                 tokens.append(token)
                 probs.append(token_probs)
@@ -130,4 +139,6 @@ class LayerSkipDrafter(Drafter):
 
     def __repr__(self) -> str:
         threshold = f", confidence_threshold={self.confidence_threshold}" if self.confidence_threshold else ""
-        return f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens}{threshold})"
+        vocab = "" if self.draft_vocab is None else f", draft_vocab=<{len(self.draft_vocab)} tokens>"
+        return (f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens}"
+                f"{threshold}{vocab})")
