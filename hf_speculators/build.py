@@ -10,9 +10,10 @@ from .drafters.draft_model import check_same_vocabulary
 from .loading import load_model, load_tokenizer, resolve_model_id
 from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS, Verifier
+from .vocab import ranked_draft_vocab
 
-# arguments a drafter gets from the loaded draft model rather than from a config field of the same name
-LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer")
+# arguments a drafter gets from what a config field names (a model, a token ranking), not from the field's value
+LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer", "draft_vocab")
 # verification -> {config field: argument of the verifier's constructor}
 VERIFIER_PARAMS: dict[str, dict[str, str]] = {
     "typical": {"typical_epsilon": "epsilon", "typical_delta": "delta"},
@@ -53,8 +54,9 @@ def build_drafter(config, target, target_tokenizer=None) -> Drafter:
 
     Raises:
         `ValueError`: a method with no drafter in this version (naming it and listing `DRAFTERS`), a draft model
-            whose vocabulary does not match the target's (naming `draft_model`), or a `draft_quantization` that
-            cannot run on the target's device or does not fit the draft model.
+            whose vocabulary does not match the target's (naming `draft_model`), a `draft_quantization` that
+            cannot run on the target's device or does not fit the draft model, or a malformed `draft_vocab` ranking.
+        `FileNotFoundError`: a local `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
     if config.method not in DRAFTERS:
@@ -76,6 +78,8 @@ def build_drafter(config, target, target_tokenizer=None) -> Drafter:
     if "draft_model" in parameters:
         loaded = _load_draft(config, target, target_tokenizer)
         kwargs.update({name: value for name, value in loaded.items() if name in parameters})
+    if config.draft_vocab is not None:
+        kwargs["draft_vocab"] = ranked_draft_vocab(config.draft_vocab, config.draft_vocab_size)
     return drafter_class(**kwargs)
 
 

@@ -31,7 +31,7 @@ from .sweep import (
     sweep_table,
 )
 from .verifiers import VERIFIERS
-from .vocab import frequent_tokens, read_corpus
+from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-draft-model"
 
@@ -70,6 +70,13 @@ def _add_tree_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree-nodes", type=int, default=None, help="draft-model-tree: node budget (default 24)")
 
 
+def _add_draft_vocab_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
+                        help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
+    parser.add_argument("--draft-vocab-size", type=int, default=None,
+                        help="layer-skip: how many of the ranking's first ids draft (default: all)")
+
+
 def _typical_settings(text: str) -> list[float | tuple[float, float]]:
     try:
         return [tuple(map(float, item.split(":"))) if ":" in item else float(item)
@@ -96,6 +103,7 @@ def _add_generate(commands) -> None:
     gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     gen.add_argument("--confidence-threshold", type=float, default=None,
                      help="layer-skip: stop drafting after a token less likely than this")
+    _add_draft_vocab_options(gen)
     gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
     gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
     gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
@@ -122,10 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--exit-layer", type=int, default=None, help="hf-early-exit and layer-skip: the layers that draft")
     bench.add_argument("--confidence-threshold", type=float, default=None,
                        help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
-    bench.add_argument("--draft-vocab-size", type=int, default=None,
-                       help="layer-skip: draft only the N tokens most frequent in --draft-vocab-corpus (FR-Spec)")
-    bench.add_argument("--draft-vocab-corpus", nargs="+", default=None, metavar="FILE",
-                       help="text files (lines) or JSONL files (string fields) to count token frequencies on")
+    _add_draft_vocab_options(bench)
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
@@ -168,7 +173,8 @@ def config_from_args(args) -> SpeculativeConfig:
         "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
         "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
-        "confidence_threshold": args.confidence_threshold,
+        "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
+        "draft_vocab_size": args.draft_vocab_size,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -214,22 +220,14 @@ def _load_models(args, needs_draft: bool):
     return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
 
 
-def _draft_vocab(args, tokenizer):
-    """The draft vocabulary that `--draft-vocab-size` and `--draft-vocab-corpus` ask for (`None` without them)."""
-    if (args.draft_vocab_size is None) != (args.draft_vocab_corpus is None):
-        raise ValueError("--draft-vocab-size and --draft-vocab-corpus go together: the N most frequent tokens of "
-                         "which texts.")
-    if args.draft_vocab_size is None:
-        return None
-    return frequent_tokens(tokenizer, read_corpus(args.draft_vocab_corpus), args.draft_vocab_size)
-
-
 def run_bench(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     needs_draft = any(m in DRAFT_MODEL_METHODS for m in methods)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
-    draft_vocab = _draft_vocab(args, tokenizer)
+    if args.draft_vocab_size is not None and args.draft_vocab is None:
+        raise ValueError("--draft-vocab-size takes the first ids of a token ranking: pass --draft-vocab as well.")
+    draft_vocab = None if args.draft_vocab is None else ranked_draft_vocab(args.draft_vocab, args.draft_vocab_size)
     target, draft = _load_models(args, needs_draft)
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,

@@ -17,7 +17,7 @@ from .vllm_export import to_vllm
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
-    "layer-skip": (("exit_layer",), ("confidence_threshold",)),
+    "layer-skip": (("exit_layer",), ("confidence_threshold", "draft_vocab", "draft_vocab_size")),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
 }
@@ -81,6 +81,10 @@ class SpeculativeConfig:
         exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
         confidence_threshold (`float`, *optional*): layer-skip's adaptive draft length, in [0, 1): drafting stops
             after a token whose early-exit probability is below it (`LayerSkipDrafter`).
+        draft_vocab (`str`, *optional*): layer-skip's reduced draft vocabulary (FR-Spec): a token ranking (a JSON
+            list of token ids, the most frequent first; see `hf_speculators.vocab.load_token_ranking`): a local
+            path, a demo model's file (`"hf_speculators/demo-target/token_ranking.json"`) or `"hf://ORG/REPO/FILE"`.
+        draft_vocab_size (`int`, *optional*): how many of the ranking's first ids draft; unset: all of them.
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
             Unset: `TreeDrafter`'s default dynamic tree.
@@ -111,6 +115,8 @@ class SpeculativeConfig:
     draft_quantization: str | None = None
     exit_layer: int | None = None
     confidence_threshold: float | None = None
+    draft_vocab: str | None = None
+    draft_vocab_size: int | None = None
     tree: dict | None = None
     verification: str | None = None
     typical_epsilon: float | None = None
@@ -122,9 +128,10 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
-        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k"):
+        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k",
+                     "draft_vocab_size"):
             _check_int(name, getattr(self, name))
-        for name in ("draft_model", "draft_revision", "target_model", "source", "notes"):
+        for name in ("draft_model", "draft_revision", "draft_vocab", "target_model", "source", "notes"):
             _check_text(name, getattr(self, name))
         _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
         _check_number("typical_delta", self.typical_delta, low=0)
@@ -135,6 +142,8 @@ class SpeculativeConfig:
             _fail("draft_quantization", f"one of {QUANTIZATIONS}", self.draft_quantization)
         if self.tree is not None and not isinstance(self.tree, dict):
             _fail("tree", "a mapping of the tree drafter's arguments", self.tree)
+        if self.draft_vocab_size is not None and self.draft_vocab is None:
+            raise ValueError("draft_vocab_size takes the first ids of a token ranking: set draft_vocab as well.")
         if self.min_ngram_size and self.max_ngram_size and self.min_ngram_size > self.max_ngram_size:
             raise ValueError(
                 f"min_ngram_size ({self.min_ngram_size}) must not exceed max_ngram_size ({self.max_ngram_size})."

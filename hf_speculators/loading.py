@@ -20,6 +20,14 @@ def resolve_model_id(name_or_path: str) -> str:
     return DEMO_IDS.get(name_or_path, name_or_path)
 
 
+def resolve_demo_file(path: str) -> str:
+    """A file of a demo model (`"hf_speculators/demo-target/NAME"`) as its local path; any other path unchanged."""
+    for name, folder in DEMO_IDS.items():
+        if path.startswith(name + "/"):
+            return folder + path[len(name):]
+    return path
+
+
 def looks_local(name_or_path: str) -> bool:
     """Whether `name_or_path` is meant as a local path rather than a Hub id (`name` or `org/name`)."""
     return name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1

@@ -8,10 +8,27 @@ lossless: a token outside the draft vocabulary is never drafted, and the target 
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from huggingface_hub import HfFileSystem
+
+from .loading import resolve_demo_file
+
+
+def rank_tokens(tokenizer, texts: Iterable[str]) -> list[int]:
+    """Every token id that occurs in `texts`, the most frequent first (ties: the lower id first).
+
+    Raises:
+        `ValueError`: for texts holding no token.
+    """
+    counts = Counter()
+    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
+        counts.update(ids)
+    if not counts:
+        raise ValueError("The texts hold no token: give a corpus to count token frequencies on.")
+    return sorted(counts, key=lambda token: (-counts[token], token))
 
 
 def frequent_tokens(tokenizer, texts: Iterable[str], num_tokens: int) -> torch.LongTensor:
@@ -31,36 +48,45 @@ def frequent_tokens(tokenizer, texts: Iterable[str], num_tokens: int) -> torch.L
     """
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}.")
-    counts = Counter()
-    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:
-        counts.update(ids)
-    if not counts:
-        raise ValueError("The texts hold no token: give a corpus to count token frequencies on.")
-    ranked = sorted(counts, key=lambda token: (-counts[token], token))[:num_tokens]
+    ranked = rank_tokens(tokenizer, texts)[:num_tokens]
     return torch.tensor(sorted(set(ranked) | set(tokenizer.all_special_ids)), dtype=torch.long)
 
 
-def read_corpus(paths: Sequence[str | Path]) -> list[str]:
-    """The texts of corpus files: a `.jsonl` file gives the string fields of each record, another file its lines.
+def load_token_ranking(location: str) -> list[int]:
+    """A token ranking saved as JSON: a list of token ids, the most frequent first, or `{"token_ids": [...]}`.
+
+    Args:
+        location (`str`): a local path; a file of a bundled demo model (`"hf_speculators/demo-target/NAME"`); or a
+            Hub file as `"hf://ORG/REPO/NAME"` (read with `huggingface_hub.HfFileSystem`; needs a network).
 
     Raises:
-        `FileNotFoundError`: a path that does not exist.
-        `ValueError`: a `.jsonl` line that is not JSON, naming the file and line.
+        `FileNotFoundError`: a local file that does not exist.
+        `ValueError`: a file that is not such JSON, naming it.
     """
-    texts = []
-    for path in map(Path, paths):
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if path.suffix != ".jsonl":
-            texts += lines
-            continue
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line) if line.strip() else {}
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not a JSON line ({error.msg}).") from None
-            values = record.values() if isinstance(record, dict) else [record]
-            texts += [value for value in values if isinstance(value, str)]
-    return texts
+    if location.startswith("hf://"):
+        with HfFileSystem().open(location, "r", encoding="utf-8") as file:
+            text = file.read()
+    else:
+        text = Path(resolve_demo_file(location)).expanduser().read_text(encoding="utf-8")
+    try:
+        ranking = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{location}: malformed JSON: {error}") from None
+    ranking = ranking.get("token_ids") if isinstance(ranking, dict) else ranking
+    if not isinstance(ranking, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking):
+        raise ValueError(f"{location}: a token ranking is a JSON list of token ids or {{\"token_ids\": [...]}}.")
+    return ranking
+
+
+def ranked_draft_vocab(location: str, num_tokens: int | None = None) -> torch.LongTensor:
+    """The first `num_tokens` ids (all if `None`) of the token ranking at `location` (see `load_token_ranking`),
+    as a draft vocabulary for `LayerSkipDrafter(draft_vocab=...)`.
+
+    Raises:
+        `ValueError`: for a malformed ranking (see `load_token_ranking` and `check_draft_vocab`).
+    """
+    ranking = load_token_ranking(location)
+    return check_draft_vocab(ranking if num_tokens is None else ranking[:num_tokens])
 
 
 def check_draft_vocab(draft_vocab) -> torch.LongTensor:

@@ -8,7 +8,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import hf_speculators as hs
-from hf_speculators.vocab import DraftVocabHead, check_draft_vocab, frequent_tokens, read_corpus
+from hf_speculators.loading import DEMO_TARGET
+from hf_speculators.vocab import (
+    DraftVocabHead, check_draft_vocab, frequent_tokens, load_token_ranking, rank_tokens, ranked_draft_vocab,
+)
 from speculative_helpers import plain_generate, prompt_ids, speculative_generate
 from tiny_models import VOCAB_SIZE, build_model
 
@@ -112,31 +115,66 @@ def test_frequent_tokens_errors(texts, num_tokens, message):
         frequent_tokens(word_tokenizer(), texts, num_tokens)
 
 
-def test_read_corpus_takes_text_lines_and_the_string_fields_of_json_lines(tmp_path):
-    (tmp_path / "a.txt").write_text("first line\nsecond line\n")
-    (tmp_path / "b.jsonl").write_text(json.dumps({"question": "q?", "answer": "a.", "id": 3}) + "\n\n")
-    assert read_corpus([tmp_path / "a.txt", tmp_path / "b.jsonl"]) == ["first line", "second line", "q?", "a."]
-    (tmp_path / "c.jsonl").write_text("{not json\n")
-    with pytest.raises(ValueError, match=r"c.jsonl:1: not a JSON line"):
-        read_corpus([tmp_path / "c.jsonl"])
+def test_rank_tokens_orders_every_token_seen_by_count_then_id():
+    assert rank_tokens(word_tokenizer(), ["the cat sat", "the mat", "the cat"]) == [2, 3, 4, 5]
 
 
-def test_the_bench_runs_layer_skip_with_a_draft_vocab_from_a_corpus(zoo, tokenizer, tmp_path, capsys):
-    """`hf-speculators bench --draft-vocab-size N --draft-vocab-corpus FILE`: exact, and recorded by its size."""
+@pytest.mark.parametrize("content", [[7, 3, 5], {"source": "a corpus", "token_ids": [7, 3, 5]}])
+def test_a_token_ranking_file_gives_its_first_ids_as_a_draft_vocab(tmp_path, content):
+    (tmp_path / "ranking.json").write_text(json.dumps(content))
+    assert load_token_ranking(str(tmp_path / "ranking.json")) == [7, 3, 5]
+    assert ranked_draft_vocab(str(tmp_path / "ranking.json"), 2).tolist() == [3, 7]
+    assert ranked_draft_vocab(str(tmp_path / "ranking.json")).tolist() == [3, 5, 7]
+
+
+def test_the_demo_target_ships_its_token_ranking():
+    ranking = load_token_ranking("hf_speculators/demo-target/token_ranking.json")
+    assert ranking == load_token_ranking(f"{DEMO_TARGET}/token_ranking.json")
+    assert len(ranking) == len(set(ranking)) > 1024 and max(ranking) < 4096
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "malformed JSON"),
+    ('{"ids": [1]}', "a JSON list of token ids"),
+    ('[1, "2"]', "a JSON list of token ids"),
+])
+def test_a_malformed_ranking_raises_naming_the_file(tmp_path, content, message):
+    (tmp_path / "r.json").write_text(content)
+    with pytest.raises(ValueError, match=f"r.json: .*{message}"):
+        load_token_ranking(str(tmp_path / "r.json"))
+
+
+def test_a_missing_ranking_file_raises(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_token_ranking(str(tmp_path / "none.json"))
+
+
+def test_a_speculative_config_builds_layer_skip_with_a_ranked_draft_vocab(targets, tmp_path):
+    (tmp_path / "ranking.json").write_text(json.dumps(list(range(VOCAB_SIZE - 1, -1, -1))))
+    config = hs.SpeculativeConfig(method="layer-skip", exit_layer=2, draft_vocab=str(tmp_path / "ranking.json"),
+                                  draft_vocab_size=10)
+    drafter, _ = config.build(targets["llama"])
+    assert drafter.draft_vocab.tolist() == list(range(VOCAB_SIZE - 10, VOCAB_SIZE))
+    model, input_ids = targets["llama"], prompt_ids("random")
+    out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS)
+    assert out.tolist() == plain_generate(model, input_ids, max_new_tokens=MAX_NEW_TOKENS).tolist()
+
+
+def test_the_bench_runs_layer_skip_with_a_ranked_draft_vocab(zoo, tokenizer, tmp_path, capsys):
+    """`hf-speculators bench --draft-vocab RANKING --draft-vocab-size N`: exact, and recorded by its size."""
     from hf_speculators.cli import main
 
     model = zoo.target("llama")
     model.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     (tmp_path / "prompts.txt").write_text("abcabcabcab\nxyz.xyz.xy\n")
-    (tmp_path / "corpus.txt").write_text("abcabc xyz\nabc.\n")
+    (tmp_path / "ranking.json").write_text(json.dumps(rank_tokens(tokenizer, ["abcabc xyz", "abc."])))
     common = ["bench", "--prompts", str(tmp_path / "prompts.txt"), "--model", str(tmp_path / "target"),
               "--methods", "layer-skip", "--exit-layer", "1", "--max-new-tokens", "6",
               "--out", str(tmp_path / "b.jsonl")]
-    assert main([*common, "--draft-vocab-size", "4", "--draft-vocab-corpus", str(tmp_path / "corpus.txt")]) == 0
+    assert main([*common, "--draft-vocab", str(tmp_path / "ranking.json"), "--draft-vocab-size", "4"]) == 0
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
-    sizes = {r["provenance"]["draft_vocab_size"] for r in records}
-    assert sizes == {len(frequent_tokens(tokenizer, ["abcabc xyz", "abc."], 4))}
+    assert {r["provenance"]["draft_vocab_size"] for r in records} == {4}
     assert all(r["identical_to_plain"] for r in records)
     assert main([*common, "--draft-vocab-size", "4"]) == 2
-    assert "--draft-vocab-size and --draft-vocab-corpus go together" in capsys.readouterr().err
+    assert "--draft-vocab-size takes the first ids of a token ranking" in capsys.readouterr().err
