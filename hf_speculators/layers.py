@@ -109,7 +109,8 @@ class DecoderLayers:
             hidden_states = self.layers[index](hidden_states, **extra)
         return hidden_states
 
-    def logits(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
-        """LM-head logits `(..., vocab_size)` of hidden states `(..., hidden_size)` after the final norm."""
-        return self.head(self.final_norm(hidden_states))
+    def logits(self, hidden_states: torch.FloatTensor, head=None) -> torch.FloatTensor:
+        """LM-head logits `(..., vocab_size)` of hidden states `(..., hidden_size)` after the final norm, through
+        `head` if given (e.g. a `hf_speculators.vocab.DraftVocabHead`), else the model's own LM head."""
+        return (self.head if head is None else head)(self.final_norm(hidden_states))
 

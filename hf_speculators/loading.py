@@ -16,16 +16,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_model_id(name_or_path: str) -> str:
-    """Returns the folder of a demo id from `DEMO_IDS`, and any other name or path unchanged."""
-    return DEMO_IDS.get(name_or_path, name_or_path)
-
-
-def resolve_demo_file(path: str) -> str:
-    """A file of a demo model (`"hf_speculators/demo-target/NAME"`) as its local path; any other path unchanged."""
+    """Returns the folder of a demo id from `DEMO_IDS` (and of a file in it, `"hf_speculators/demo-target/NAME"`),
+    and any other name or path unchanged."""
     for name, folder in DEMO_IDS.items():
-        if path.startswith(name + "/"):
-            return folder + path[len(name):]
-    return path
+        if name_or_path == name or name_or_path.startswith(name + "/"):
+            return folder + name_or_path[len(name):]
+    return name_or_path
 
 
 def looks_local(name_or_path: str) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfFileSystem
 
-from .loading import resolve_demo_file
+from .loading import resolve_model_id
 
 
 def rank_tokens(tokenizer, texts: Iterable[str]) -> list[int]:
@@ -67,7 +67,7 @@ def load_token_ranking(location: str) -> list[int]:
         with HfFileSystem().open(location, "r", encoding="utf-8") as file:
             text = file.read()
     else:
-        text = Path(resolve_demo_file(location)).expanduser().read_text(encoding="utf-8")
+        text = Path(resolve_model_id(location)).expanduser().read_text(encoding="utf-8")
     try:
         ranking = json.loads(text)
     except json.JSONDecodeError as error:

@@ -79,7 +79,7 @@ class LayerSkipDrafter(Drafter):
             )
         check_layerwise_support(cache, generation_config.max_length)
         self._layers, self._cache, self._exit_hidden = layers, cache, None
-        self._draft_head = layers.head if self.draft_vocab is None else DraftVocabHead(layers.head, self.draft_vocab)
+        self._draft_head = None if self.draft_vocab is None else DraftVocabHead(layers.head, self.draft_vocab)
         self._no_draft = TokenTree.chain(0, target.device)  # the positions of committed tokens
 
     def _early_layers(self, input_ids: torch.LongTensor, num_prefix: int) -> torch.FloatTensor:
@@ -96,7 +96,7 @@ class LayerSkipDrafter(Drafter):
         try:
             for _ in range(max_tokens):
                 exit_hidden.append(self._early_layers(fed, prefix.shape[1]))
-                logits = self._draft_head(self._layers.final_norm(exit_hidden[-1][:, -1]))
+                logits = self._layers.logits(exit_hidden[-1][:, -1], self._draft_head)
                 token, token_probs = self._draft_token(prefix, logits, with_probs=self.confidence_threshold > 0)
                 tokens.append(token)
                 probs.append(token_probs)
