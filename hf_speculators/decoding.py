@@ -11,7 +11,6 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .cache import check_tree_support, keep_accepted, prepare_cache, truncate
 from .config import SpeculativeConfig
 from .drafters import Drafter
-from .forward import forward_logits
 from .metrics import SpeculativeStats, clock
 from .sampling import process_logits
 from .tree import TokenTree
@@ -99,13 +98,16 @@ class _SpeculativeDecoding:
         return clock(self.device)
 
     def prefill(self, input_ids: torch.LongTensor) -> None:
-        """Puts all prompt tokens but the last into the cache; the last one is pending for the first step."""
+        """Puts all prompt tokens but the last into the cache; the last one is pending for the first step.
+
+        The drafter's `target_forward` runs it, so drafters that read the target's hidden states see the prompt's."""
         start = self._clock()
         truncate(self.cache, input_ids.shape[1] - 1)
         num_cached = self.cache.get_seq_length()
         if input_ids.shape[1] - 1 > num_cached:
             no_draft = TokenTree.chain(0, input_ids.device)
-            forward_logits(self.model, self.cache, input_ids[:, num_cached:-1], no_draft, input_ids.shape[1] - 1, 1)
+            self.drafter.target_forward(self.model, self.cache, input_ids[:, num_cached:-1], no_draft,
+                                        input_ids.shape[1] - 1, 1)
             self.stats.num_target_forwards += 1
         self.stats.verify_time += self._clock() - start
 
