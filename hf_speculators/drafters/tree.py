@@ -11,8 +11,9 @@ from ..types import Draft
 from .draft_model import DraftModelDrafter
 
 
-class _Nodes:
-    """The nodes drafted so far in one step: token, parent and cumulative draft log-probability of each."""
+class DraftNodes:
+    """The nodes drafted so far in one step: token, parent and cumulative draft log-probability of each (the
+    working set of `StaticTree` and `DynamicTree` expansion, shared by every tree drafter)."""
 
     def __init__(self):
         self.token_ids: list[int] = []
@@ -60,7 +61,7 @@ class StaticTree:
         self._depths = sorted(len(path) - 1 for path in self.paths)  # node order is breadth first
         self._has_children = {parent for parent in self.parent_ids if parent >= 0}
 
-    def expand(self, nodes: _Nodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
+    def expand(self, nodes: DraftNodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
         """Adds the tree's nodes at `depth`, the children of the `frontier` nodes whose rows are `log_probs`."""
         new = [node for node in range(len(self.parent_ids)) if self._depths[node] == depth]
         top_log_probs, top_tokens = (x.tolist() for x in log_probs.topk(max(self.ranks[n] for n in new) + 1, dim=-1))
@@ -69,11 +70,11 @@ class StaticTree:
             nodes.add(self.parent_ids[node], top_tokens[row][rank], top_log_probs[row][rank])
         return new
 
-    def next_frontier(self, nodes: _Nodes, new: list[int]) -> list[int]:
+    def next_frontier(self, nodes: DraftNodes, new: list[int]) -> list[int]:
         """The new nodes that have children in the tree."""
         return [node for node in new if node in self._has_children]
 
-    def select(self, nodes: _Nodes) -> list[int]:
+    def select(self, nodes: DraftNodes) -> list[int]:
         """Every node drafted."""
         return list(range(len(nodes.token_ids)))
 
@@ -104,17 +105,17 @@ class DynamicTree:
                 raise ValueError(f"DynamicTree {name} must be an integer >= 1, got {value!r}.")
         self.depth, self.top_k, self.num_nodes = depth, top_k, num_nodes
 
-    def expand(self, nodes: _Nodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
+    def expand(self, nodes: DraftNodes, frontier: list[int], log_probs: torch.FloatTensor, depth: int) -> list[int]:
         """Adds the `top_k` most likely children of every `frontier` node (rows of `log_probs`)."""
         top_log_probs, top_tokens = (x.tolist() for x in log_probs.topk(self.top_k, dim=-1))
         return [nodes.add(parent, token, log_prob) for parent, tokens, row in zip(frontier, top_tokens, top_log_probs)
                 for token, log_prob in zip(tokens, row)]
 
-    def next_frontier(self, nodes: _Nodes, new: list[int]) -> list[int]:
+    def next_frontier(self, nodes: DraftNodes, new: list[int]) -> list[int]:
         """The `top_k` new nodes of highest cumulative probability."""
         return sorted(sorted(new, key=lambda node: -nodes.log_probs[node])[: self.top_k])
 
-    def select(self, nodes: _Nodes) -> list[int]:
+    def select(self, nodes: DraftNodes) -> list[int]:
         """The `num_nodes` nodes of highest cumulative probability (ties: the earlier node), in node order."""
         ranked = sorted(range(len(nodes.token_ids)), key=lambda node: -nodes.log_probs[node])
         return sorted(ranked[: self.num_nodes])
@@ -196,7 +197,7 @@ class TreeDrafter(DraftModelDrafter):
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
         num_committed, device = input_ids.shape[1], input_ids.device
-        nodes, fed, frontier = _Nodes(), [], [-1]  # fed: nodes in the draft cache after the committed tokens
+        nodes, fed, frontier = DraftNodes(), [], [-1]  # fed: nodes in the draft cache after the committed tokens
         # 1. roll the draft cache back to the committed tokens it holds; feed the rest: the root's logits
         new_ids = self._new_tokens(input_ids)[None]
         logits = self._logits(new_ids, TokenTree.chain(0, device), num_committed, 1, device)
