@@ -27,6 +27,11 @@ def _check_verification(config) -> None:
 
 
 def _draft_settings(config, resolve_ids: bool) -> dict:
+    if config.is_self_draft:
+        raise ValueError(
+            "A quantized copy of the target as its draft (draft_quantization without draft_model) has no vLLM "
+            "equivalent: point draft_model at a pre-quantized draft checkpoint to export."
+        )
     settings = {"model": resolve_model_id(config.draft_model) if resolve_ids else config.draft_model}
     if config.draft_revision is not None:
         settings["revision"] = config.draft_revision

@@ -14,7 +14,7 @@ from hf_speculators.loading import DEMO_DRAFT
 FULL_CONFIGS = [
     SpeculativeConfig(
         method="prompt-lookup", num_draft_tokens=10, max_ngram_size=4, min_ngram_size=2, num_candidates=3,
-        verification="typical", typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
+        prefer="earliest", verification="typical", typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
         notes="line one\nline two",
     ),
     SpeculativeConfig(
@@ -103,6 +103,9 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"verification": "exact", "top_k": 3}, "top_k applies to verification='top_k' only, not to 'exact'"),
         ({"typical_epsilon": 0.1}, "typical_epsilon applies to verification='typical' only, not to None"),
         ({"source": 3}, "source must be a non-empty string"),
+        ({"prefer": "middle"}, "prefer must be one of ('latest', 'earliest'), got 'middle'"),
+        ({"method": "layer-skip", "exit_layer": 2, "draft_quantization": "int8"},
+         "draft_quantization does not apply to method='layer-skip'"),
     ],
 )
 def test_out_of_range_and_inconsistent_values_raise_naming_the_field(settings, message):
@@ -333,6 +336,8 @@ def test_to_vllm_maps_each_method(config, expected):
         (SpeculativeConfig(verification="top_k", top_k=3), "verification='top_k' is relaxed"),
         (SpeculativeConfig(method="draft-model", draft_model="a/b", draft_quantization="nf4"),
          "draft_quantization='nf4' has no vLLM equivalent"),
+        (SpeculativeConfig(method="draft-model", draft_quantization="fp8"),
+         "A quantized copy of the target as its draft .* has no vLLM equivalent"),
     ],
 )
 def test_to_vllm_raises_for_what_vllm_cannot_run(config, message):
