@@ -14,6 +14,8 @@ from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS
 from .vllm_export import to_vllm
 
+# learned draft heads on the target's hidden states; their draft_model is the head's checkpoint
+HEAD_METHODS = ("eagle3", "eagle", "medusa")
 # method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates", "prefer")),
@@ -21,6 +23,7 @@ METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layer-skip": (("exit_layer",), ("confidence_threshold", "draft_vocab", "draft_vocab_size")),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
+    **{name: (("draft_model",), ("draft_revision", "tree")) for name in HEAD_METHODS},
 }
 
 

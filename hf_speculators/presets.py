@@ -14,7 +14,7 @@ from huggingface_hub.errors import RemoteEntryNotFoundError
 
 from .drafters import DRAFTERS
 from .loading import DEMO_IDS, looks_local
-from .speculators_format import is_speculators_config, speculators_settings
+from .checkpoint_settings import checkpoint_settings
 from .vllm_export import to_vllm
 
 CARD_KEY = "speculative_decoding"
@@ -47,12 +47,12 @@ def _card_settings(path: Path) -> dict | None:
 
 
 def _config_json_settings(path: Path, name_or_path: str) -> dict | None:
-    """The settings of a speculators-format `config.json`, or `None` for any other config."""
+    """The settings of a draft checkpoint's `config.json` (see `checkpoint_settings`), or `None` for another config."""
     try:
         config_json = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: malformed JSON: {error}") from None
-    return speculators_settings(config_json, name_or_path) if is_speculators_config(config_json) else None
+    return checkpoint_settings(config_json, name_or_path) if isinstance(config_json, dict) else None
 
 
 def _read_local(path: Path) -> dict | None:
@@ -77,7 +77,7 @@ def _download(repo_id: str, filename: str, revision: str | None, token: str | No
 
 
 def _read_hub(repo_id: str, revision: str | None, token: str | None) -> dict | None:
-    """Settings from a Hub repo: its model card's block, else its speculators-format `config.json`."""
+    """Settings from a Hub repo: its model card's block, else its draft checkpoint `config.json`."""
     card = _download(repo_id, "README.md", revision, token)
     settings = _card_settings(card) if card is not None else None
     if settings is None:
@@ -91,7 +91,8 @@ def read_settings(repo_id_or_path: str, revision: str | None = None, token: str 
 
     Raises:
         `FileNotFoundError`: a local-looking path that does not exist.
-        `ValueError`: malformed YAML or JSON, or neither a `speculative_decoding:` block nor a speculators config.
+        `ValueError`: malformed YAML or JSON, or neither a `speculative_decoding:` block nor a draft checkpoint's
+            config (speculators, SafeAILab EAGLE-3, Medusa).
         `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
     """
     path = Path(repo_id_or_path).expanduser()
@@ -109,8 +110,8 @@ def read_settings(repo_id_or_path: str, revision: str | None = None, token: str 
         settings = _read_hub(repo_id_or_path, revision, token)
     if settings is None:
         raise ValueError(
-            f"{repo_id_or_path}: found neither a model card with a `{CARD_KEY}:` block nor a speculators-format "
-            "config.json."
+            f"{repo_id_or_path}: found neither a model card with a `{CARD_KEY}:` block nor a draft checkpoint "
+            "config.json (speculators format, SafeAILab EAGLE-3 or Medusa heads)."
         )
     return settings
 
