@@ -52,9 +52,10 @@ from .verifiers import resolve_verifier
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
                    "draft-model-tree")
 EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
-# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU):
-# run when asked for only
-METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS)
+# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU),
+# the head methods a draft head checkpoint made for the target: run when asked for only
+METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS,
+           *speculative_methods.HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
@@ -274,8 +275,9 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> list[str]:
-    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names."""
+def _check_methods(methods: Sequence[str], draft, exit_layer: int | None, heads: dict) -> list[str]:
+    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names or
+    methods without what they need (`heads`: option name -> draft head checkpoint)."""
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
@@ -286,6 +288,10 @@ def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> lis
     needs_exit = [m for m in chosen if m in EXIT_LAYER_METHODS]
     if needs_exit and exit_layer is None:
         raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
+    for method in chosen:
+        option = speculative_methods.HEAD_METHODS.get(method)
+        if option is not None and heads.get(option) is None:
+            raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
     return chosen
 
 
@@ -511,6 +517,8 @@ def run_benchmark(
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
     draft_vocab=None,
+    eagle_head: str | None = None,
+    medusa_head: str | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -533,6 +541,9 @@ def run_benchmark(
     - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: `DraftModelDrafter.from_target(
       target, quantization, num_draft_tokens=num_draft_tokens)` via `custom_generate`, a quantized copy of the
       target as its draft (made once, before the warm-up; not in `DEFAULT_METHODS`).
+    - `"eagle3"`, `"eagle3-tree"`, `"medusa"`, `"medusa-tree"`: learned draft heads on the target's hidden states
+      from the checkpoints `eagle_head` and `medusa_head` (`EagleDrafter`, `MedusaDrafter`), a chain of
+      `num_draft_tokens` or a `DynamicTree` as for `"draft-model-tree"` (not in `DEFAULT_METHODS`).
 
     Our methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
     `exact=False` and a differing output is not a mismatch.
@@ -571,6 +582,8 @@ def run_benchmark(
         draft_vocab (`torch.LongTensor`, *optional*): `"layer-skip"`'s reduced draft vocabulary
             (`LayerSkipDrafter(draft_vocab=...)`, e.g. from `hf_speculators.vocab.frequent_tokens`); records
             give its size as `draft_vocab_size`.
+        eagle_head, medusa_head (`str`, *optional*): the draft head checkpoints (folder, demo id or Hub id) of
+            `"eagle3"` / `"eagle3-tree"` and `"medusa"` / `"medusa-tree"` (required by them).
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -584,7 +597,7 @@ def run_benchmark(
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
-    methods = _check_methods(methods, draft, exit_layer)
+    methods = _check_methods(methods, draft, exit_layer, {"eagle_head": eagle_head, "medusa_head": medusa_head})
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
@@ -596,7 +609,7 @@ def run_benchmark(
     verifier = resolve_verifier(verifier, do_sample=False)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
                        "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
-                       "draft_vocab": draft_vocab}
+                       "draft_vocab": draft_vocab, "eagle_head": eagle_head, "medusa_head": medusa_head}
     recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,

@@ -34,6 +34,7 @@ from .verifiers import VERIFIERS
 from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-draft-model"
+DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -134,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tree_options(bench)
     bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
                        help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
+    bench.add_argument("--eagle-head", default=DEMO_EAGLE3,
+                       help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
+    bench.add_argument("--medusa-head", default=DEMO_MEDUSA,
+                       help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
     bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
                        help="our prompt lookups' match rule among earlier occurrences (default: latest)")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
@@ -234,7 +239,7 @@ def run_bench(args) -> int:
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
-        draft_vocab=draft_vocab,
+        draft_vocab=draft_vocab, eagle_head=args.eagle_head, medusa_head=args.medusa_head,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1

@@ -8,8 +8,11 @@ from .quantization import QUANTIZATIONS
 
 # method -> quantization of the target's copy that drafts for it (DraftModelDrafter.from_target)
 SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
+# method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
+HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
+                "medusa-tree": "medusa_head"}
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip",
-           *SELF_DRAFT_METHODS)
+           *SELF_DRAFT_METHODS, *HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
@@ -33,6 +36,8 @@ def method_config(
     confidence_threshold: float | None = None,
     draft_vocab: str | None = None,
     draft_vocab_size: int | None = None,
+    eagle_head: str | None = None,
+    medusa_head: str | None = None,
 ) -> SpeculativeConfig:
     """The `SpeculativeConfig` of a named method; an option left at `None` keeps the drafter's default.
 
@@ -46,6 +51,9 @@ def method_config(
     - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: a quantized copy of the
       target drafts (`DraftModelDrafter.from_target`): method `"draft-model"` with `draft_quantization` and no
       `draft_model`.
+    - `"eagle3"`, `"eagle3-tree"`: `EagleDrafter` from the checkpoint `eagle_head` (any EAGLE format), a chain of
+      `num_draft_tokens` or a `DynamicTree(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)`.
+    - `"medusa"`, `"medusa-tree"`: `MedusaDrafter` from the checkpoint `medusa_head`, the same way.
 
     Raises:
         `ValueError`: an unknown method, or settings the config refuses (e.g. a draft-model method without
@@ -66,6 +74,10 @@ def method_config(
                        "draft_vocab_size": draft_vocab_size},
         **{name: {"method": "draft-model", "draft_quantization": quantization, "num_draft_tokens": num_draft_tokens}
            for name, quantization in SELF_DRAFT_METHODS.items()},
+        "eagle3": {"method": "eagle3", "draft_model": eagle_head, "num_draft_tokens": num_draft_tokens},
+        "eagle3-tree": {"method": "eagle3", "draft_model": eagle_head, "tree": tree},
+        "medusa": {"method": "medusa", "draft_model": medusa_head, "num_draft_tokens": num_draft_tokens},
+        "medusa-tree": {"method": "medusa", "draft_model": medusa_head, "tree": tree},
     }[method]
     return SpeculativeConfig(**_given(**settings))
 
