@@ -12,6 +12,7 @@ DEMO_TARGET = str(DEMO_DIR / "target")
 DEMO_DRAFT = str(DEMO_DIR / "draft")
 # ids that name the bundled demo models wherever the package is installed (used by the demo presets)
 DEMO_IDS = {"hf_speculators/demo-target": DEMO_TARGET, "hf_speculators/demo-draft": DEMO_DRAFT}
+DEMO_IDS["hf_speculators/demo-medusa"] = str(DEMO_DIR / "medusa")  # Medusa heads for the demo target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
