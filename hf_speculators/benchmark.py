@@ -57,6 +57,8 @@ EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
 METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS,
            *speculative_methods.HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
+# where our drafters keep the module that drafts: DraftModelDrafter's draft model, EagleDrafter's head, MedusaDrafter's
+DRAFT_MODULE_ATTRIBUTES = ("draft_model", "head", "heads")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 # record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
@@ -353,9 +355,12 @@ class _Run:
 
 
 def _draft_model(generate_kwargs: dict):
-    """The draft model a method's `generate` keywords run (transformers' assistant or our drafter's), if any."""
+    """The draft model a method's `generate` keywords run (transformers' assistant, our drafter's draft model or
+    learned head), if any."""
     drafter = generate_kwargs.get("candidate_generator")
-    return generate_kwargs.get("assistant_model", getattr(drafter, "draft_model", None))
+    own = next((getattr(drafter, name) for name in DRAFT_MODULE_ATTRIBUTES if getattr(drafter, name, None) is not None),
+               None)
+    return generate_kwargs.get("assistant_model", own)
 
 
 def _timed_modules(target, generate_kwargs: dict) -> list:

@@ -26,6 +26,22 @@ def _check_verification(config) -> None:
         )
 
 
+def _check_head(config) -> None:
+    """Refuses what vLLM cannot take from a learned-head preset: Medusa heads in FasterDecoding's layout, or a
+    token tree."""
+    if config.method == "medusa":
+        raise ValueError(
+            "vLLM reads Medusa heads in its own layout (blocks.*, lm_heads.*), not the FasterDecoding checkpoints "
+            "hf_speculators reads: convert the heads to vLLM's layout, then pass them as speculative_config="
+            "{'method': 'medusa', 'model': FOLDER}."
+        )
+    if config.method in VLLM_METHODS and config.tree is not None:
+        raise ValueError(
+            f"tree={config.tree!r} has no vLLM equivalent in this export: vLLM drafts a chain of "
+            "num_speculative_tokens. Remove tree (and set num_draft_tokens) to export."
+        )
+
+
 def _draft_settings(config, resolve_ids: bool) -> dict:
     if config.is_self_draft:
         raise ValueError(
@@ -57,9 +73,10 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
 
     Raises:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
-            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, or an int8/nf4/int4
-            draft quantization.
+            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, an int8/nf4/int4
+            draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
     """
+    _check_head(config)
     if config.method not in VLLM_METHODS:
         raise ValueError(
             f"method={config.method!r} has no vLLM equivalent; the methods that export are {sorted(VLLM_METHODS)}. "
