@@ -23,8 +23,8 @@ from .metrics import clock
 from .methods import METHODS, make_drafter
 from .plotting import plot_benchmark, pyplot, read_records
 from .presets import bundled_card, bundled_presets, card_results
-from .quiet import quiet_third_party
 from .quantization import QUANTIZATIONS
+from .quiet import quiet_third_party
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -323,7 +323,7 @@ def _speedup(results: dict | None) -> str:
     if not results:
         return "-"
     baseline = results.get("baseline")
-    return f"{results['speedup']:.2f}x" + (f" vs {baseline.split()[0]}" if baseline else "")
+    return f"{results['speedup']:.2f}x" + (f" vs {baseline}" if baseline else "")
 
 
 def run_presets(args) -> int:
@@ -336,9 +336,9 @@ def run_presets(args) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
-    print("\nspeedup: tokens/s over plain greedy decoding (\"vs exact\": over exact verification with the same "
-          "draft); hf-speculators presets show NAME prints a card with its settings, sources and the command "
-          "that measured it")
+    print("\nspeedup: tokens/s over plain greedy decoding unless another baseline is named (the relaxed presets: "
+          "over exact verification with the same draft); hf-speculators presets show NAME prints a card with its "
+          "settings, sources and the command that measured it")
     return 0
 
 

@@ -37,26 +37,26 @@ def bundled_presets() -> dict[str, Path]:
     return {card.parent.name: card.parent for card in sorted(bundled_presets_dir().glob("*/README.md"))}
 
 
-def _card_block(path: Path, key: str) -> dict | None:
-    """The `key:` block of the model card at `path`, or `None` if it has none."""
+def _card_block(path: Path, key: str, contents: str) -> dict | None:
+    """The `key:` block (a mapping of `contents`) of the model card at `path`, or `None` if it has none."""
     try:
         card = ModelCard.load(path)
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: malformed YAML front matter: {error}") from None
     block = card.data.to_dict().get(key)
     if block is not None and not isinstance(block, dict):
-        raise ValueError(f"{path}: {key} must be a mapping, got {block!r}.")
+        raise ValueError(f"{path}: {key} must be a mapping of {contents}, got {block!r}.")
     return block
 
 
 def _card_settings(path: Path) -> dict | None:
     """The `speculative_decoding:` block of the model card at `path`, or `None` if it has none."""
-    return _card_block(path, CARD_KEY)
+    return _card_block(path, CARD_KEY, "settings")
 
 
 def card_results(path: Path) -> dict | None:
     """The `speculative_decoding_results:` block (`RESULTS_KEY`) of the model card at `path`, or `None`."""
-    return _card_block(path, RESULTS_KEY)
+    return _card_block(path, RESULTS_KEY, "figures")
 
 
 def bundled_card(name: str) -> Path:
