@@ -13,6 +13,7 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
+import huggingface_hub.utils
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
 from hf_speculators.plotting import plot_benchmark, read_records  # noqa: E402
 from hf_speculators.presets import bundled_presets, card_results  # noqa: E402
+from hf_speculators.quiet import quiet_third_party  # noqa: E402
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,7 +169,7 @@ def test_the_benchmark_applies_the_template_by_default_when_asked_for_auto(saved
 
 def test_cli_chat_on_a_tokenizer_without_a_template_fails_before_loading(saved, capsys, monkeypatch):
     monkeypatch.setattr(cli, "load_model", lambda *a, **k: pytest.fail("loaded a model before the check"))
-    for command in (["generate", PROMPT], ["bench", "--prompts", __file__]):
+    for command in (["generate", PROMPT], ["bench", "--prompts", __file__], ["sweep", "--prompts", __file__]):
         assert cli.main([*command, "--model", saved["target"], "--draft", saved["draft"], "--chat"]) == 2
         assert "needs a chat template" in capsys.readouterr().err
 
@@ -288,6 +290,20 @@ def test_our_public_paths_cause_no_warning(saved, target, tokenizer):
         target.generate(**inputs, custom_generate=hs.generate, candidate_generator=hs.DraftModelDrafter(
             build_draft("llama")), max_new_tokens=NEW_TOKENS, do_sample=False)
     assert [str(w.message) for w in ours] == [] and [r.getMessage() for r in logged] == []
+
+
+def quiet_state() -> tuple:
+    return (logging.getLogger("torchao").level, transformers_logging.get_verbosity(),
+            transformers_logging.is_progress_bar_enabled(), huggingface_hub.utils.are_progress_bars_disabled())
+
+
+def test_quiet_hides_third_party_logs_and_loading_bars_and_restores_them():
+    before = quiet_state()
+    with quiet_third_party(verbose=True):
+        assert quiet_state() == before
+    with quiet_third_party():
+        assert quiet_state() == (logging.ERROR, logging.ERROR, False, before[3])  # download bars keep their setting
+    assert quiet_state() == before
 
 
 def test_cli_generate_prints_nothing_on_stderr(saved):
