@@ -264,9 +264,10 @@ def test_from_pretrained_reads_a_folder_and_the_demo_id(medusa):
     drafter = MedusaDrafter.from_pretrained(str(medusa.folder("llama", "v2")), tree="medusa", num_draft_tokens=2)
     assert drafter.tree.depth == 4 and drafter.num_draft_tokens == 2 and not drafter.heads.has_lm_heads
     assert repr(drafter).startswith("MedusaDrafter(num_heads=5, num_draft_tokens=2, tree=StaticTree(")
-    demo = MedusaDrafter.from_pretrained("hf_speculators/demo-medusa")  # shipped in the package: version 2, float16
-    assert detect_medusa_format(DEMO_IDS["hf_speculators/demo-medusa"]) == MEDUSA_V2
-    assert (demo.heads.num_heads, demo.heads.hidden_size, demo.num_draft_tokens) == (3, 384, 3)
+    demo = MedusaDrafter.from_pretrained("hf_speculators/demo-medusa")  # shipped in the package: v0.1, float16
+    assert detect_medusa_format(DEMO_IDS["hf_speculators/demo-medusa"]) == MEDUSA_V1
+    assert (demo.heads.num_heads, demo.heads.hidden_size, demo.heads.vocab_size, demo.num_draft_tokens) == (
+        3, 384, 4096, 3)
 
 
 # ---------------------------------------------------------------- errors

@@ -112,8 +112,9 @@ class MedusaDrafter(FeatureDrafter):
         Hub repo (its JSON and weight files only; never code).
 
         Raises:
-            `ValueError`: not a Medusa checkpoint, or malformed weights; the drafter's own errors.
-            `FileNotFoundError`: a local path that is not a folder, or a folder without Medusa weights.
+            `ValueError`: not a Medusa checkpoint (no config.json with `medusa_num_heads` and `medusa_lm_head`
+                weights), or malformed weights; the drafter's own errors.
+            `FileNotFoundError`: a local path that is not a folder.
         """
         heads = read_medusa_heads(head_folder(repo_id_or_path, revision=revision, token=token))
         return cls(heads, num_draft_tokens=num_draft_tokens, tree=tree)
