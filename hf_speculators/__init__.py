@@ -4,7 +4,8 @@ from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from . import layers
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, StaticTree, TreeDrafter,
+    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, MedusaDrafter,
+    PromptLookupDrafter, StaticTree, TreeDrafter,
 )
 from .metrics import SpeculativeStats
 from .tree import TokenTree
@@ -27,7 +28,9 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "EagleDrafter",
     "LayerSkipDrafter",
+    "MedusaDrafter",
     "DynamicTree",
     "ExactVerifier",
     "NodewiseVerifier",

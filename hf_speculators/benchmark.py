@@ -42,6 +42,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
+from .chat import encode_prompt, use_chat_template
 from .decoding import generate
 from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
@@ -52,10 +53,13 @@ from .verifiers import resolve_verifier
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
                    "draft-model-tree")
 EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
-# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU):
-# run when asked for only
-METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS)
+# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU),
+# the head methods a draft head checkpoint made for the target: run when asked for only
+METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS,
+           *speculative_methods.HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
+# where our drafters keep the module that drafts: DraftModelDrafter's draft model, EagleDrafter's head, MedusaDrafter's
+DRAFT_MODULE_ATTRIBUTES = ("draft_model", "head", "heads")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 # record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
@@ -274,8 +278,9 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> list[str]:
-    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names."""
+def _check_methods(methods: Sequence[str], draft, exit_layer: int | None, heads: dict) -> list[str]:
+    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names or
+    methods without what they need (`heads`: option name -> draft head checkpoint)."""
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
@@ -286,6 +291,10 @@ def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> lis
     needs_exit = [m for m in chosen if m in EXIT_LAYER_METHODS]
     if needs_exit and exit_layer is None:
         raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
+    for method in chosen:
+        option = speculative_methods.HEAD_METHODS.get(method)
+        if option is not None and heads.get(option) is None:
+            raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
     return chosen
 
 
@@ -347,9 +356,12 @@ class _Run:
 
 
 def _draft_model(generate_kwargs: dict):
-    """The draft model a method's `generate` keywords run (transformers' assistant or our drafter's), if any."""
+    """The draft model a method's `generate` keywords run (transformers' assistant, our drafter's draft model or
+    learned head), if any."""
     drafter = generate_kwargs.get("candidate_generator")
-    return generate_kwargs.get("assistant_model", getattr(drafter, "draft_model", None))
+    own = next((getattr(drafter, name) for name in DRAFT_MODULE_ATTRIBUTES if getattr(drafter, name, None) is not None),
+               None)
+    return generate_kwargs.get("assistant_model", own)
 
 
 def _timed_modules(target, generate_kwargs: dict) -> list:
@@ -404,14 +416,10 @@ def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, 
                 getattr(output, "speculative_stats", None))
 
 
-def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device) -> tuple[torch.LongTensor, bool]:
+def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
+            system_prompt: str | None = None) -> tuple[torch.LongTensor, bool]:
     """Tokenizes `text` (through the chat template if asked); keeps the last `max_prompt_tokens` tokens."""
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("chat_template=True but the tokenizer has no chat template: pass chat_template=False.")
-        messages = [{"role": "user", "content": text}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    input_ids = tokenizer(text, add_special_tokens=not chat_template, return_tensors="pt").input_ids
+    input_ids = encode_prompt(tokenizer, text, chat_template, system_prompt).input_ids
     if input_ids.shape[1] == 0:
         raise ValueError(f"Prompt {text!r} tokenizes to no tokens; remove it from the prompts file.")
     return input_ids[:, -max_prompt_tokens:].to(device), input_ids.shape[1] > max_prompt_tokens
@@ -500,7 +508,8 @@ def run_benchmark(
     *,
     max_ngram_size: int = 2,
     max_prompt_tokens: int = 1024,
-    chat_template: bool = False,
+    chat_template: bool | None = False,
+    system_prompt: str | None = None,
     num_threads: int | None = 1,
     verbose: bool = True,
     verifier: str | None = None,
@@ -511,6 +520,8 @@ def run_benchmark(
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
     draft_vocab=None,
+    eagle_head: str | None = None,
+    medusa_head: str | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -533,6 +544,9 @@ def run_benchmark(
     - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: `DraftModelDrafter.from_target(
       target, quantization, num_draft_tokens=num_draft_tokens)` via `custom_generate`, a quantized copy of the
       target as its draft (made once, before the warm-up; not in `DEFAULT_METHODS`).
+    - `"eagle3"`, `"eagle3-tree"`, `"medusa"`, `"medusa-tree"`: learned draft heads on the target's hidden states
+      from the checkpoints `eagle_head` and `medusa_head` (`EagleDrafter`, `MedusaDrafter`), a chain of
+      `num_draft_tokens` or a `DynamicTree` as for `"draft-model-tree"` (not in `DEFAULT_METHODS`).
 
     Our methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
     `exact=False` and a differing output is not a mismatch.
@@ -552,8 +566,9 @@ def run_benchmark(
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram matched by both prompt lookups.
         max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so
             that prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
-        chat_template (`bool`, defaults to `False`): wrap each prompt as a user turn with the tokenizer's chat
-            template (`add_generation_prompt=True`).
+        chat_template (`bool`, *optional*, defaults to `False`): wrap each prompt as a user turn with the
+            tokenizer's chat template (`add_generation_prompt=True`); `None`: when the tokenizer has one.
+        system_prompt (`str`, *optional*): a system turn before each prompt (needs the chat template).
         num_threads (`int`, *optional*, defaults to 1): torch CPU threads during the run (restored afterwards);
             `None` leaves the setting alone.
         verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
@@ -571,6 +586,8 @@ def run_benchmark(
         draft_vocab (`torch.LongTensor`, *optional*): `"layer-skip"`'s reduced draft vocabulary
             (`LayerSkipDrafter(draft_vocab=...)`, e.g. from `hf_speculators.vocab.frequent_tokens`); records
             give its size as `draft_vocab_size`.
+        eagle_head, medusa_head (`str`, *optional*): the draft head checkpoints (folder, demo id or Hub id) of
+            `"eagle3"` / `"eagle3-tree"` and `"medusa"` / `"medusa-tree"` (required by them).
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -582,9 +599,10 @@ def run_benchmark(
             without `exit_layer`, a self-draft method that cannot quantize `target` (see
             `DraftModelDrafter.from_target`), no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
-            without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
+            or `system_prompt` without a chat template (see `hf_speculators.chat.use_chat_template`), a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
-    methods = _check_methods(methods, draft, exit_layer)
+    methods = _check_methods(methods, draft, exit_layer, {"eagle_head": eagle_head, "medusa_head": medusa_head})
+    chat_template = use_chat_template(tokenizer, chat_template, system_prompt)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
@@ -596,13 +614,14 @@ def run_benchmark(
     verifier = resolve_verifier(verifier, do_sample=False)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
                        "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
-                       "draft_vocab": draft_vocab}
+                       "draft_vocab": draft_vocab, "eagle_head": eagle_head, "medusa_head": medusa_head}
     recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
+                "system_prompt": system_prompt,
                 "verifier": repr(verifier), **recorded_options,
                 "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt) for p in prompts]
     kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options)
               for m in methods}
     with ExitStack() as stack:

@@ -49,14 +49,39 @@ def _load_draft(config, target, target_tokenizer):
     return {"draft_model": draft, "draft_tokenizer": draft_tokenizer}
 
 
-def build_drafter(config, target, target_tokenizer=None) -> Drafter:
-    """The drafter of `config.method`, given every config field its constructor takes, for `target`.
+def _self_draft(drafter_class, config, target, kwargs: dict) -> Drafter:
+    """A drafter whose draft model is a copy of `target` quantized as `config.draft_quantization` says."""
+    if target is None:
+        raise ValueError(
+            f"method={config.method!r} with draft_quantization and no draft_model drafts with a quantized copy of "
+            "the target: pass the target model."
+        )
+    return drafter_class.from_target(target, config.draft_quantization, **kwargs)
+
+
+def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
+    """The drafter of `config.method` for `target`, given every config field its constructor takes; the one factory
+    of drafters, behind presets, `generate(speculative_config=...)`, the command line and the benchmark.
+
+    Fields that name something to load are loaded here unless `loaded` passes it already: `draft_model` (loaded
+    with the target's dtype and device, quantized as `draft_quantization` says, its tokenizer checked; with
+    `draft_quantization` and no `draft_model`, a quantized copy of the target drafts), `draft_vocab` (a token
+    ranking read as ids). A drafter class with a `from_pretrained` (learned heads) loads its checkpoint,
+    `config.draft_model`, itself.
+
+    Args:
+        config (`SpeculativeConfig`): the settings.
+        target (`PreTrainedModel`): the target model (may be `None` for drafters that load nothing).
+        target_tokenizer (`PreTrainedTokenizerBase`, *optional*): for the draft model's vocabulary check.
+        **loaded: objects that replace loading: `draft_model` and `draft_tokenizer` (a loaded draft model and its
+            tokenizer), `draft_vocab` (`torch.LongTensor` of token ids).
 
     Raises:
         `ValueError`: a method with no drafter in this version (naming it and listing `DRAFTERS`), a draft model
             whose vocabulary does not match the target's (naming `draft_model`), a `draft_quantization` that
-            cannot run on the target's device or does not fit the draft model, or a malformed `draft_vocab` ranking.
-        `FileNotFoundError`: a local `draft_vocab` file that does not exist.
+            cannot run on the target's device or does not fit the draft model, a self-draft without a target, or a
+            malformed `draft_vocab` ranking.
+        `FileNotFoundError`: a local `draft_model` or `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
     if config.method not in DRAFTERS:
@@ -69,17 +94,23 @@ def build_drafter(config, target, target_tokenizer=None) -> Drafter:
             f"are {sorted(DRAFTERS)}.{hint}"
         )
     drafter_class = DRAFTERS[config.method]
-    parameters = inspect.signature(drafter_class).parameters
+    from_checkpoint = hasattr(drafter_class, "from_pretrained")
+    parameters = inspect.signature(drafter_class.from_pretrained if from_checkpoint else drafter_class).parameters
     settings = {f.name: getattr(config, f.name) for f in fields(config)}
     kwargs = {
         name: settings[name] for name in parameters
         if name in settings and name not in LOADED_ARGUMENTS and settings[name] is not None
     }
-    if "draft_model" in parameters:
-        loaded = _load_draft(config, target, target_tokenizer)
-        kwargs.update({name: value for name, value in loaded.items() if name in parameters})
     if config.draft_vocab is not None:
         kwargs["draft_vocab"] = ranked_draft_vocab(config.draft_vocab, config.draft_vocab_size)
+    kwargs.update({name: value for name, value in loaded.items() if name in parameters})
+    if from_checkpoint:
+        return drafter_class.from_pretrained(config.draft_model, revision=config.draft_revision, **kwargs)
+    if "draft_model" in parameters and "draft_model" not in loaded:
+        if config.draft_model is None:
+            return _self_draft(drafter_class, config, target, kwargs)
+        loaded_draft = _load_draft(config, target, target_tokenizer)
+        kwargs.update({name: value for name, value in loaded_draft.items() if name in parameters})
     return drafter_class(**kwargs)
 
 

@@ -8,19 +8,27 @@ from pathlib import Path
 from . import presets
 from .build import VERIFIER_PARAMS, build
 from .drafters import DRAFTERS
+from .drafters.prompt_lookup import MATCH_RULES
 from .quantization import QUANTIZATIONS
 from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS
 from .vllm_export import to_vllm
 
+# learned draft heads on the target's hidden states; their draft_model is the head's checkpoint
+HEAD_METHODS = ("eagle3", "eagle", "medusa")
 # method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates")),
+    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates", "prefer")),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
     "layer-skip": (("exit_layer",), ("confidence_threshold", "draft_vocab", "draft_vocab_size")),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
+    **{name: (("draft_model",), ("draft_revision", "tree")) for name in HEAD_METHODS},
 }
+
+
+# methods whose draft model may be a quantized copy of the target (no draft_model, draft_quantization set)
+TARGET_COPY_METHODS = ("draft-model", "tree")
 
 
 def method_fields(method: str) -> tuple[str, ...]:
@@ -73,11 +81,14 @@ class SpeculativeConfig:
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1.
         max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
         num_candidates (`int`, *optional*): prompt lookup's continuations merged into one token tree (1: a chain).
+        prefer (`str`, *optional*): prompt lookup's match rule among earlier occurrences, `"latest"` or
+            `"earliest"` (`MATCH_RULES`).
         draft_model (`str`, *optional*): the draft model: a Hub id, a local folder or a demo id
             (`"hf_speculators/demo-draft"`); for speculators types, the speculator checkpoint.
         draft_revision (`str`, *optional*): the draft model's Hub branch, tag or commit.
         draft_quantization (`str`, *optional*): one of `QUANTIZATIONS` (`"int8"`, `"nf4"`, `"int4"`, `"fp8"`): the
-            draft model is loaded quantized (see `hf_speculators.quantization`).
+            draft model is loaded quantized (see `hf_speculators.quantization`). Without `draft_model`, a copy of
+            the target quantized so drafts (self-speculative decoding; methods `"draft-model"` and `"tree"`).
         exit_layer (`int`, *optional*): layer-skip's exit layer (the draft runs layers `[0, exit_layer)`).
         confidence_threshold (`float`, *optional*): layer-skip's adaptive draft length, in [0, 1): drafting stops
             after a token whose early-exit probability is below it (`LayerSkipDrafter`).
@@ -110,6 +121,7 @@ class SpeculativeConfig:
     max_ngram_size: int | None = None
     min_ngram_size: int | None = None
     num_candidates: int | None = None
+    prefer: str | None = None
     draft_model: str | None = None
     draft_revision: str | None = None
     draft_quantization: str | None = None
@@ -138,6 +150,8 @@ class SpeculativeConfig:
         _check_number("accept_tolerance", self.accept_tolerance, low=0, low_included=True)
         _check_number("confidence_threshold", self.confidence_threshold, low=0, high=1, low_included=True,
                       high_included=False)
+        if self.prefer is not None and self.prefer not in MATCH_RULES:
+            _fail("prefer", f"one of {MATCH_RULES}", self.prefer)
         if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:
             _fail("draft_quantization", f"one of {QUANTIZATIONS}", self.draft_quantization)
         if self.tree is not None and not isinstance(self.tree, dict):
@@ -155,7 +169,7 @@ class SpeculativeConfig:
         if self.method not in METHOD_FIELDS:
             _fail("method", f"one of {sorted(METHOD_FIELDS)}", self.method)
         for name in METHOD_FIELDS[self.method][0]:
-            if getattr(self, name) is None:
+            if getattr(self, name) is None and not self.is_self_draft:
                 raise ValueError(f"{name} is required for method={self.method!r}.")
         if self.method == "tree" and self.num_draft_tokens is not None:
             raise ValueError(
@@ -176,6 +190,11 @@ class SpeculativeConfig:
                     raise ValueError(
                         f"{name} applies to verification={verification!r} only, not to {self.verification!r}."
                     )
+
+    @property
+    def is_self_draft(self) -> bool:
+        """Whether a quantized copy of the target drafts: `draft_quantization` set and `draft_model` not."""
+        return self.method in TARGET_COPY_METHODS and self.draft_model is None and self.draft_quantization is not None
 
     def resolved(self, name: str):
         """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`)."""

@@ -14,20 +14,20 @@ from .layers import DecoderLayers
 from .tree import TokenTree
 
 
-def _layer_input(captured: list):
-    """A forward pre-hook that appends the hidden states entering a decoder layer to `captured`."""
+def _layer_input(captured: dict, slot: int):
+    """A forward pre-hook that keeps the hidden states entering a decoder layer as `captured[slot]`."""
 
     def hook(module, args, kwargs):
-        captured.append(args[0] if args else kwargs["hidden_states"])
+        captured[slot] = args[0] if args else kwargs["hidden_states"]
 
     return hook
 
 
-def _module_output(captured: list):
-    """A forward hook that appends a module's output to `captured`."""
+def _module_output(captured: dict, slot: int):
+    """A forward hook that keeps a module's output as `captured[slot]`."""
 
     def hook(module, args, output):
-        captured.append(output)
+        captured[slot] = output
 
     return hook
 
@@ -106,17 +106,18 @@ class TargetFeatures:
             tree (`TokenTree`): the draft's shape (an empty chain in a prefill).
             num_prefix (`int`): committed tokens, cached or fed.
         """
-        captured: list[torch.Tensor] = []
-        handles = [module.register_forward_pre_hook(_layer_input(captured), with_kwargs=True)
-                   for module in self._modules[: self._num_layer_inputs]]
-        handles += [module.register_forward_hook(_module_output(captured))
-                    for module in self._modules[self._num_layer_inputs:]]
+        captured: dict[int, torch.Tensor] = {}  # slot i: the feature point self._modules[i], in layer_ids order
+        handles = [module.register_forward_pre_hook(_layer_input(captured, slot), with_kwargs=True)
+                   for slot, module in enumerate(self._modules[: self._num_layer_inputs])]
+        handles += [self._modules[-1].register_forward_hook(_module_output(captured, len(self._modules) - 1))
+                    for _ in range(len(self._modules) - self._num_layer_inputs)]
         try:
             result = forward()
         finally:
             for handle in handles:
                 handle.remove()
-        rows = torch.cat([states[0, -input_ids.shape[1]:] for states in captured], dim=-1)  # [num_query, width]
+        rows = torch.cat([captured[slot][0, -input_ids.shape[1]:] for slot in range(len(self._modules))],
+                         dim=-1)  # [num_query, width]
         self._fed.append((rows, input_ids[0], tree, num_prefix))
         return result
 

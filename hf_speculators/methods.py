@@ -1,12 +1,18 @@
-"""The named speculative methods of the command line and the benchmark, and the drafter each one builds."""
+"""The named speculative methods of the command line and the benchmark: each is a `SpeculativeConfig`, built by the
+one drafter factory, `hf_speculators.build.build_drafter`."""
 
-from .drafters import DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, TreeDrafter
+from .build import build_drafter
+from .config import SpeculativeConfig
+from .drafters import Drafter
 from .quantization import QUANTIZATIONS
 
 # method -> quantization of the target's copy that drafts for it (DraftModelDrafter.from_target)
 SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
+# method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
+HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
+                "medusa-tree": "medusa_head"}
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip",
-           *SELF_DRAFT_METHODS)
+           *SELF_DRAFT_METHODS, *HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
@@ -16,23 +22,24 @@ def _given(**options) -> dict:
     return {name: value for name, value in options.items() if value is not None}
 
 
-def make_drafter(
+def method_config(
     method: str,
-    draft_model=None,
     *,
+    draft_model: str | None = None,
     num_draft_tokens: int | None = None,
     max_ngram_size: int | None = None,
     prefer: str | None = None,
     num_candidates: int | None = None,
     tree_top_k: int | None = None,
     tree_nodes: int | None = None,
-    draft_tokenizer=None,
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
-    draft_vocab=None,
-    target=None,
-) -> Drafter:
-    """Builds the drafter of a named method; an option left at `None` keeps the drafter's default.
+    draft_vocab: str | None = None,
+    draft_vocab_size: int | None = None,
+    eagle_head: str | None = None,
+    medusa_head: str | None = None,
+) -> SpeculativeConfig:
+    """The `SpeculativeConfig` of a named method; an option left at `None` keeps the drafter's default.
 
     - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size, prefer)`, a chain.
     - `"prompt-lookup-tree"`: the same with `num_candidates` continuations in one trie (default 4).
@@ -40,39 +47,58 @@ def make_drafter(
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
     - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens, confidence_threshold, draft_vocab)`, the
-      target's own first layers.
-    - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`:
-      `DraftModelDrafter.from_target(target, quantization, num_draft_tokens)`, a quantized copy of `target`.
+      target's own first layers (`draft_vocab`: a token ranking, of which the first `draft_vocab_size` ids draft).
+    - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: a quantized copy of the
+      target drafts (`DraftModelDrafter.from_target`): method `"draft-model"` with `draft_quantization` and no
+      `draft_model`.
+    - `"eagle3"`, `"eagle3-tree"`: `EagleDrafter` from the checkpoint `eagle_head` (any EAGLE format), a chain of
+      `num_draft_tokens` or a `DynamicTree(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)`.
+    - `"medusa"`, `"medusa-tree"`: `MedusaDrafter` from the checkpoint `medusa_head`, the same way.
 
     Raises:
-        `ValueError`: an unknown method, a draft-model method without `draft_model`, layer skip without
-            `exit_layer`, a self-draft method without `target`, or an invalid option (and the quantization
-            errors of `DraftModelDrafter.from_target`).
+        `ValueError`: an unknown method, or settings the config refuses (e.g. a draft-model method without
+            `draft_model`, layer skip without `exit_layer`), naming the field.
     """
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
-    if method in DRAFT_MODEL_METHODS and draft_model is None:
-        raise ValueError(f"Method {method!r} needs a draft model.")
-    if method == "layer-skip":
-        if exit_layer is None:
-            raise ValueError("Method 'layer-skip' needs an exit layer (--exit-layer E): the layers that draft.")
-        return LayerSkipDrafter(exit_layer, **_given(num_draft_tokens=num_draft_tokens,
-                                                     confidence_threshold=confidence_threshold,
-                                                     draft_vocab=draft_vocab))
-    if method in SELF_DRAFT_METHODS:
-        if target is None:
-            raise ValueError(f"Method {method!r} needs the target model, of which it drafts with a quantized copy.")
-        return DraftModelDrafter.from_target(target, SELF_DRAFT_METHODS[method],
-                                             **_given(num_draft_tokens=num_draft_tokens))
-    if method == "prompt-lookup":
-        return PromptLookupDrafter(**_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
-                                            prefer=prefer))
-    if method == "prompt-lookup-tree":
-        return PromptLookupDrafter(num_candidates=num_candidates or TREE_NUM_CANDIDATES,
-                                   **_given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size,
-                                            prefer=prefer))
-    if method == "draft-model":
-        return DraftModelDrafter(draft_model, draft_tokenizer=draft_tokenizer,
-                                 **_given(num_draft_tokens=num_draft_tokens))
-    tree = DynamicTree(**_given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes))
-    return TreeDrafter(draft_model, tree, draft_tokenizer=draft_tokenizer)
+    lookup = _given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size, prefer=prefer)
+    tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes) or None
+    settings = {
+        "prompt-lookup": {"method": "prompt-lookup", **lookup},
+        "prompt-lookup-tree": {"method": "prompt-lookup", "num_candidates": num_candidates or TREE_NUM_CANDIDATES,
+                               **lookup},
+        "draft-model": {"method": "draft-model", "draft_model": draft_model, "num_draft_tokens": num_draft_tokens},
+        "draft-model-tree": {"method": "tree", "draft_model": draft_model, "tree": tree},
+        "layer-skip": {"method": "layer-skip", "exit_layer": exit_layer, "num_draft_tokens": num_draft_tokens,
+                       "confidence_threshold": confidence_threshold, "draft_vocab": draft_vocab,
+                       "draft_vocab_size": draft_vocab_size},
+        **{name: {"method": "draft-model", "draft_quantization": quantization, "num_draft_tokens": num_draft_tokens}
+           for name, quantization in SELF_DRAFT_METHODS.items()},
+        "eagle3": {"method": "eagle3", "draft_model": eagle_head, "num_draft_tokens": num_draft_tokens},
+        "eagle3-tree": {"method": "eagle3", "draft_model": eagle_head, "tree": tree},
+        "medusa": {"method": "medusa", "draft_model": medusa_head, "num_draft_tokens": num_draft_tokens},
+        "medusa-tree": {"method": "medusa", "draft_model": medusa_head, "tree": tree},
+    }[method]
+    return SpeculativeConfig(**_given(**settings))
+
+
+def make_drafter(method: str, draft_model=None, *, target=None, draft_tokenizer=None, draft_vocab=None,
+                 **options) -> Drafter:
+    """Builds the drafter of a named method (`method_config`) for `target` through `build_drafter`.
+
+    Args:
+        method (`str`): one of `METHODS`.
+        draft_model (`PreTrainedModel`, *optional*): the loaded draft model of the draft-model methods.
+        target (`PreTrainedModel`, *optional*): the target; needed by the self-draft methods.
+        draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): the draft model's tokenizer.
+        draft_vocab (`torch.LongTensor`, *optional*): layer skip's draft vocabulary as token ids (`options` may
+            name a ranking instead: `draft_vocab` as a path there is not taken here).
+        **options: the other arguments of `method_config`.
+
+    Raises:
+        `ValueError`: see `method_config` and `build_drafter`.
+    """
+    name = getattr(draft_model, "name_or_path", None) or ("<loaded draft model>" if draft_model is not None else None)
+    config = method_config(method, draft_model=name, **options)
+    loaded = _given(draft_model=draft_model, draft_tokenizer=draft_tokenizer, draft_vocab=draft_vocab)
+    return build_drafter(config, target, **loaded)

@@ -1,5 +1,8 @@
 """Exporting a `SpeculativeConfig` as the `speculative_config` dict that vLLM's `LLM(...)` and `vllm serve` take."""
 
+import json
+import shlex
+
 from .loading import resolve_model_id
 from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS
@@ -26,7 +29,28 @@ def _check_verification(config) -> None:
         )
 
 
+def _check_head(config) -> None:
+    """Refuses what vLLM cannot take from a learned-head preset: Medusa heads in FasterDecoding's layout, or a
+    token tree."""
+    if config.method == "medusa":
+        raise ValueError(
+            "vLLM reads Medusa heads in its own layout (blocks.*, lm_heads.*), not the FasterDecoding checkpoints "
+            "hf_speculators reads: convert the heads to vLLM's layout, then pass them as speculative_config="
+            "{'method': 'medusa', 'model': FOLDER}."
+        )
+    if config.method in VLLM_METHODS and config.tree is not None:
+        raise ValueError(
+            f"tree={config.tree!r} has no vLLM equivalent in this export: vLLM drafts a chain of "
+            "num_speculative_tokens. Remove tree (and set num_draft_tokens) to export."
+        )
+
+
 def _draft_settings(config, resolve_ids: bool) -> dict:
+    if config.is_self_draft:
+        raise ValueError(
+            "A quantized copy of the target as its draft (draft_quantization without draft_model) has no vLLM "
+            "equivalent: point draft_model at a pre-quantized draft checkpoint to export."
+        )
     settings = {"model": resolve_model_id(config.draft_model) if resolve_ids else config.draft_model}
     if config.draft_revision is not None:
         settings["revision"] = config.draft_revision
@@ -52,9 +76,10 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
 
     Raises:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
-            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, or an int8/nf4/int4
-            draft quantization.
+            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, an int8/nf4/int4
+            draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
     """
+    _check_head(config)
     if config.method not in VLLM_METHODS:
         raise ValueError(
             f"method={config.method!r} has no vLLM equivalent; the methods that export are {sorted(VLLM_METHODS)}. "
@@ -76,3 +101,23 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     if num_draft_tokens is not None:  # unset for a speculators type: vLLM reads it from the checkpoint
         settings["num_speculative_tokens"] = num_draft_tokens
     return settings
+
+
+def llm_call(target: str | None, speculative_config: dict) -> str:
+    """The Python line that builds vLLM's engine for `target` with `speculative_config` (`TARGET_MODEL` if unset)."""
+    return f"llm = LLM(model={target or 'TARGET_MODEL'!r}, speculative_config={speculative_config!r})"
+
+
+def vllm_commands(config) -> str:
+    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
+    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
+    unset).
+
+    Raises:
+        `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
+    """
+    exported = to_vllm(config)
+    target = resolve_model_id(config.target_model) if config.target_model else None
+    serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
+    return "\n".join(["# command line (an OpenAI-compatible server)", serve, "", "# Python",
+                      "from vllm import LLM", "", llm_call(target, exported)])

@@ -125,7 +125,9 @@ def test_load_prompts_errors(tmp_path, name, content, limit, error, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"methods": ["plain", "medusa"]}, "Unknown benchmark methods"),
+        ({"methods": ["plain", "lookahead"]}, r"Unknown benchmark methods \['lookahead'\]"),
+        ({"methods": ["medusa"]}, "Method 'medusa' needs a draft head checkpoint: pass medusa_head="),
+        ({"methods": ["eagle3-tree"]}, "Method 'eagle3-tree' needs a draft head checkpoint: pass eagle_head="),
         ({"methods": ["layer-skip"]}, r"Methods \['layer-skip'\] need an exit layer: pass exit_layer="),
         ({"prompts": []}, "No prompts"),
         ({"chat_template": True}, "has no chat template"),

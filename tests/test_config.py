@@ -14,7 +14,7 @@ from hf_speculators.loading import DEMO_DRAFT
 FULL_CONFIGS = [
     SpeculativeConfig(
         method="prompt-lookup", num_draft_tokens=10, max_ngram_size=4, min_ngram_size=2, num_candidates=3,
-        verification="typical", typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
+        prefer="earliest", verification="typical", typical_epsilon=0.09, typical_delta=0.3, target_model="org/target", source="a paper",
         notes="line one\nline two",
     ),
     SpeculativeConfig(
@@ -103,6 +103,9 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"verification": "exact", "top_k": 3}, "top_k applies to verification='top_k' only, not to 'exact'"),
         ({"typical_epsilon": 0.1}, "typical_epsilon applies to verification='typical' only, not to None"),
         ({"source": 3}, "source must be a non-empty string"),
+        ({"prefer": "middle"}, "prefer must be one of ('latest', 'earliest'), got 'middle'"),
+        ({"method": "layer-skip", "exit_layer": 2, "draft_quantization": "int8"},
+         "draft_quantization does not apply to method='layer-skip'"),
     ],
 )
 def test_out_of_range_and_inconsistent_values_raise_naming_the_field(settings, message):
@@ -333,8 +336,45 @@ def test_to_vllm_maps_each_method(config, expected):
         (SpeculativeConfig(verification="top_k", top_k=3), "verification='top_k' is relaxed"),
         (SpeculativeConfig(method="draft-model", draft_model="a/b", draft_quantization="nf4"),
          "draft_quantization='nf4' has no vLLM equivalent"),
+        (SpeculativeConfig(method="draft-model", draft_quantization="fp8"),
+         "A quantized copy of the target as its draft .* has no vLLM equivalent"),
     ],
 )
 def test_to_vllm_raises_for_what_vllm_cannot_run(config, message):
     with pytest.raises(ValueError, match=message):
         config.to_vllm()
+
+
+# ---------------------------------------------------------------- other draft head checkpoints
+
+
+@pytest.mark.parametrize(
+    ("config_json", "expected"),
+    [
+        ({"medusa_num_heads": 2, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"},
+         {"method": "medusa", "target_model": "lmsys/vicuna-7b-v1.3"}),
+        ({"medusa_num_heads": 3, "version": "2"}, {"method": "medusa"}),
+        ({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000, "hidden_size": 4096},
+         {"method": "eagle3"}),
+        ({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}, {"method": "eagle3"}),
+    ],
+)
+def test_medusa_and_safeailab_eagle3_checkpoints_load_as_presets(tmp_path, config_json, expected):
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    config = SpeculativeConfig.from_pretrained(str(tmp_path))
+    assert config.draft_model == str(tmp_path) and config.source
+    assert {key: getattr(config, key) for key in expected} == expected
+
+
+def test_a_plain_model_config_is_not_a_preset(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    with pytest.raises(ValueError, match="nor a draft checkpoint config.json"):
+        SpeculativeConfig.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle", "medusa"])
+def test_head_methods_take_a_checkpoint_and_a_tree(method):
+    config = SpeculativeConfig(method=method, draft_model="org/head", tree={"depth": 3}, draft_revision="v1")
+    assert config.to_dict()["tree"] == {"depth": 3}
+    with pytest.raises(ValueError, match=f"draft_model is required for method='{method}'"):
+        SpeculativeConfig(method=method)

@@ -282,11 +282,21 @@ def test_rejection_sampling_runs_with_a_quantized_self_draft(quantized_zoo, mode
 
 
 def test_self_draft_methods_need_the_target(quantized_zoo):
-    with pytest.raises(ValueError, match="Method 'self-draft-int8' needs the target model"):
+    with pytest.raises(ValueError, match="drafts with a quantized copy of the target: pass the target model"):
         make_drafter("self-draft-int8")
     drafter = make_drafter("self-draft-int4", target=quantized_zoo.model("llama"), num_draft_tokens=3)
     assert isinstance(drafter, hs.DraftModelDrafter) and drafter.num_draft_tokens == 3
     assert hq.quantization_settings(drafter.draft_model)["quant_type"]["default"]["_type"] == "IntxWeightOnlyConfig"
+
+
+def test_a_config_without_draft_model_drafts_with_a_quantized_copy_of_the_target(quantized_zoo):
+    config = hs.SpeculativeConfig(method="draft-model", draft_quantization="int8", num_draft_tokens=2)
+    assert config.is_self_draft and config.to_dict() == {"method": "draft-model", "num_draft_tokens": 2,
+                                                         "draft_quantization": "int8"}
+    drafter, _ = config.build(quantized_zoo.model("llama"))
+    assert isinstance(drafter, hs.DraftModelDrafter) and drafter.num_draft_tokens == 2
+    assert drafter.draft_model is not quantized_zoo.model("llama")
+    assert hq.quantization_settings(drafter.draft_model)["quant_type"]["default"]["_type"] == "Int8WeightOnlyConfig"
 
 
 def test_bench_times_the_draft_model_each_method_runs(quantized_zoo):

@@ -2,7 +2,9 @@
 
 from .base import Drafter
 from .draft_model import DraftModelDrafter
+from .eagle import EagleDrafter
 from .layer_skip import LayerSkipDrafter
+from .medusa import MedusaDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
 
@@ -11,9 +13,12 @@ DRAFTERS: dict[str, type[Drafter]] = {
     DraftModelDrafter.name: DraftModelDrafter,
     LayerSkipDrafter.name: LayerSkipDrafter,
     TreeDrafter.name: TreeDrafter,
+    "eagle3": EagleDrafter,  # the checkpoint's files say which EAGLE format; the method name is vLLM's
+    "eagle": EagleDrafter,
+    MedusaDrafter.name: MedusaDrafter,
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "LayerSkipDrafter", "PromptLookupDrafter", "StaticTree", "TreeDrafter",
-    "tree_shape",
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter",
+    "PromptLookupDrafter", "StaticTree", "TreeDrafter", "tree_shape",
 ]

@@ -154,6 +154,44 @@ def tree_shape(tree) -> "StaticTree | DynamicTree":
     return DynamicTree(**tree)
 
 
+def grow_tree(shape: "StaticTree | DynamicTree", input_ids: torch.LongTensor, logits_processor,
+              root_logits: torch.FloatTensor, max_tokens: int, forward) -> DraftNodes:
+    """Drafts a token tree depth by depth: the expansion loop of every tree drafter.
+
+    At each depth the frontier's processed draft scores give its children (`shape.expand`); the next frontier is
+    then fed in one draft forward, each node attending to the committed prefix, its fed ancestors and itself
+    (SpecInfer, Miao et al. 2024), so a tree of depth d costs d - 1 forwards after the root's.
+
+    Args:
+        shape (`StaticTree` or `DynamicTree`): the tree's shape.
+        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the committed tokens.
+        logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to each node's row.
+        root_logits (`torch.FloatTensor` of shape `(1, vocab_size)`): draft logits after the committed tokens.
+        max_tokens (`int`): the deepest path allowed (>= 1).
+        forward (`Callable[[DraftNodes, list[int], TokenTree], torch.FloatTensor]`): runs the draft over the nodes
+            `frontier` given the tree `fed_tree` of every node fed so far this step (the frontier its last
+            nodes) and returns their logits `(len(frontier), vocab_size)`.
+
+    Returns:
+        `DraftNodes`: every node drafted; `shape.select(nodes)` keeps the draft's.
+    """
+    nodes, fed, frontier, logits = DraftNodes(), [], [-1], root_logits
+    num_depths = min(shape.depth, max_tokens)
+    for depth in range(num_depths):
+        # children of the frontier nodes from their processed draft scores
+        scores = process_logits(logits_processor, nodes.prefixes(input_ids, frontier), logits)
+        new = shape.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth)
+        frontier = shape.next_frontier(nodes, new)
+        if depth + 1 == num_depths or not frontier:
+            break
+        # one draft forward over the next frontier, each node attending to its fed ancestors
+        fed += frontier
+        fed_parents = [fed.index(nodes.parent_ids[node]) if nodes.parent_ids[node] >= 0 else -1 for node in fed]
+        logits = forward(nodes, frontier, TokenTree(torch.tensor(fed_parents, dtype=torch.long,
+                                                                 device=input_ids.device)))
+    return nodes
+
+
 class TreeDrafter(DraftModelDrafter):
     """Drafts a token tree with a smaller causal LM: several candidates per depth, checked in one target forward.
 
@@ -197,25 +235,17 @@ class TreeDrafter(DraftModelDrafter):
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
         num_committed, device = input_ids.shape[1], input_ids.device
-        nodes, fed, frontier = DraftNodes(), [], [-1]  # fed: nodes in the draft cache after the committed tokens
         # 1. roll the draft cache back to the committed tokens it holds; feed the rest: the root's logits
         new_ids = self._new_tokens(input_ids)[None]
         logits = self._logits(new_ids, TokenTree.chain(0, device), num_committed, 1, device)
-        num_depths = min(self.tree.depth, max_tokens)
-        for depth in range(num_depths):
-            # 2. children of the frontier nodes from their processed draft scores
-            scores = process_logits(self.logits_processor, nodes.prefixes(input_ids, frontier), logits)
-            new = self.tree.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth)
-            frontier = self.tree.next_frontier(nodes, new)
-            if depth + 1 == num_depths or not frontier:
-                break
-            # 3. one draft forward over the next frontier, each node attending to its fed ancestors
-            fed += frontier
-            fed_parents = [fed.index(nodes.parent_ids[node]) if nodes.parent_ids[node] >= 0 else -1 for node in fed]
-            fed_tree = TokenTree(torch.tensor(fed_parents, dtype=torch.long, device=device))
+
+        def forward(nodes: DraftNodes, frontier: list[int], fed_tree: TokenTree) -> torch.FloatTensor:
             frontier_ids = torch.tensor([[nodes.token_ids[node] for node in frontier]], device=self.draft_model.device)
-            logits = self._logits(frontier_ids, fed_tree, num_committed, len(frontier), device)
-        # 4. drop the nodes from the draft cache: it holds the committed tokens, as DraftModelDrafter's after a step
+            return self._logits(frontier_ids, fed_tree, num_committed, len(frontier), device)
+
+        # 2. expand depth by depth, one draft forward per depth
+        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits, max_tokens, forward)
+        # 3. drop the nodes from the draft cache: it holds the committed tokens, as DraftModelDrafter's after a step
         truncate(self._cache, num_committed)
         self._cached_ids = input_ids[0]
         return nodes.draft(self.tree.select(nodes), device)
