@@ -126,6 +126,14 @@ def test_greedy_output_is_the_targets(zoo, medusa, arch, fmt, shape, k):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # accepted and rejected drafts both occur
 
 
+@pytest.mark.parametrize("tree", [None, "medusa"], ids=["chain", "tree"])
+def test_greedy_output_with_a_processor_reading_the_sequence_is_the_targets(zoo, medusa, tree):
+    """A repetition penalty: the drafts and the verification see each path's tokens."""
+    drafter = MedusaDrafter.from_pretrained(str(medusa.folder("llama", "v2")), tree=tree, num_draft_tokens=3)
+    output = speculative_generate(zoo.target("llama"), prompt_ids("repetitive"), drafter, repetition_penalty=1.5)
+    assert_same_tokens(output, zoo.reference("llama", "repetitive", repetition_penalty=1.5))
+
+
 def test_a_tree_of_paths_is_exact(zoo, medusa):
     output, drafter = run_exact(zoo, medusa, "llama", "v2", [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)], None)
     assert drafter.num_draft_tokens == drafter.tree.depth == 3
