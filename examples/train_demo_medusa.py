@@ -40,10 +40,8 @@ PEAK_LR, WARMUP = 2e-3, 50
 
 def head_log_probs(heads: MedusaHeads, target, hidden: torch.FloatTensor) -> list[torch.FloatTensor]:
     """Head i's log-probabilities `(batch, length - i - 2, vocab)` at the positions whose token t + i + 2 exists."""
-    lm_head = target.get_output_embeddings()
-    length = hidden.shape[1]
-    return [F.log_softmax(lm_head(head(hidden[:, : length - i - 2])).float(), dim=-1)
-            for i, head in enumerate(heads.heads)]
+    logits = heads(hidden, target.get_output_embeddings())  # [num_heads, batch, length, vocab]
+    return [F.log_softmax(logits[i, :, : hidden.shape[1] - i - 2].float(), dim=-1) for i in range(heads.num_heads)]
 
 
 def distillation_loss(heads: MedusaHeads, target, ids: torch.LongTensor) -> torch.FloatTensor:
@@ -72,6 +70,11 @@ def held_out_agreement(heads: MedusaHeads, target, stream: np.ndarray, windows: 
 
 def model_card(heads: MedusaHeads, steps: int, agreement: list[float], command: str) -> str:
     params = sum(p.numel() for p in heads.parameters())
+    layout = (f"Medusa v0.1's format: `config.json` and `medusa_lm_head.safetensors` holding, per head, "
+              f"{heads.num_layers} residual block(s) (`x + SiLU(linear(x))`) and its own LM head" if heads.has_lm_heads else
+              f"Medusa's \"version 2\" format: `config.json` (`\"version\": \"2\"`) and `medusa_lm_head.safetensors` "
+              f"holding {heads.num_layers} residual block(s) (`x + SiLU(linear(x))`) per head; the logits come from "
+              "the target's own (tied) LM head")
     per_head = ", ".join(f"head {i} (token t + {i + 2}): {a:.1%}" for i, a in enumerate(agreement))
     return f"""---
 license: apache-2.0
@@ -82,17 +85,14 @@ base_model: hf_speculators/demo-target
 # hf_speculators demo Medusa heads
 
 {heads.num_heads} Medusa heads (Cai et al. 2024) for the hf_speculators demo target (`hf_speculators/demo-target`), in
-Medusa's "version 2" format: `config.json` (`"version": "2"`) and `medusa_lm_head.safetensors` holding
-{heads.num_layers} residual block (`x + SiLU(linear(x))`) per head, float16; the logits come from the target's own
-(tied) LM head. Load with `hs.MedusaDrafter.from_pretrained("hf_speculators/demo-medusa")`.
+{layout}. Load with `hs.MedusaDrafter.from_pretrained("hf_speculators/demo-medusa")`.
 
-- Size: {params / 1e6:.2f}M parameters ({heads.num_heads} x {heads.num_layers} block of {heads.hidden_size} x
-  {heads.hidden_size} plus bias).
+- Size: {params / 1e6:.2f}M parameters, float16.
 - Data: the demo family's corpus (Tiny Shakespeare, GSM8K train, part of the Python standard library's source;
   see the target's card), every {family.HELD_OUT_EVERY}th document held out.
 - Recipe: self-distillation: head i reads the target's last hidden state at position t and learns the target's
   next-token distribution at t + i + 1 (the token t + i + 2) on corpus windows, forward KL summed over the heads;
-  the target and its LM head frozen. {steps} steps of AdamW (peak learning rate {PEAK_LR}, warmup {WARMUP}, cosine
+  the target frozen. {steps} steps of AdamW (peak learning rate {PEAK_LR}, warmup {WARMUP}, cosine
   decay to 10%), batches of {family.BATCH} x {family.SEQ_LEN} tokens, bfloat16 autocast on one CPU thread.
 - Held-out top-1 agreement with the target (head i's argmax at t equals the target's argmax at t + i + 1, float32,
   {64 * family.SEQ_LEN} positions): {per_head}.
@@ -109,19 +109,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("hf_speculators/demo/medusa"))
-    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-heads", type=int, default=3)
     parser.add_argument("--num-layers", type=int, default=1)
+    parser.add_argument("--own-lm-heads", action="store_true",
+                        help="give each head its own LM head (Medusa v0.1) instead of the target's (version 2)")
     parser.add_argument("--minutes", type=float, default=15)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=4, help="windows per step (the demo family trains with 8)")
     args = parser.parse_args()
+    family.BATCH = args.batch  # the heads are small: more, smaller steps converge further in the same CPU time
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     target = LlamaForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32).requires_grad_(False).eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(DEMO_TARGET)
     train_stream, held_out = family.encode_splits(family.load_documents(args.data), tokenizer)
-    heads = MedusaHeads(target.config.hidden_size, args.num_heads, args.num_layers)
+    lm_weight = target.get_output_embeddings().weight
+    heads = MedusaHeads(target.config.hidden_size, args.num_heads, args.num_layers,
+                        lm_weight.shape[0] if args.own_lm_heads else None)
+    if args.own_lm_heads:  # Medusa's initialisation: every head's LM head starts as the target's
+        for head in heads.heads:
+            head[-1].weight.data.copy_(lm_weight)
     steps = family.train(heads, lambda ids: distillation_loss(heads, target, ids), train_stream, args.minutes,
                          args.steps, PEAK_LR, "medusa", warmup=WARMUP)
     save_medusa_heads(heads, args.out, base_model_name_or_path="hf_speculators/demo-target", dtype=torch.float16)
@@ -129,7 +138,8 @@ def main() -> None:
     agreement = held_out_agreement(heads, target, held_out)
     print(f"held-out top-1 agreement per head: {agreement}", flush=True)
     command = (f"python examples/train_demo_medusa.py --data {args.data} --out {args.out} --num-heads "
-               f"{args.num_heads} --num-layers {args.num_layers} --steps {steps} --threads 1")
+               f"{args.num_heads} --num-layers {args.num_layers}{' --own-lm-heads' * args.own_lm_heads} "
+               f"--batch {args.batch} --steps {steps} --threads 1")
     (args.out / "README.md").write_text(model_card(heads, steps, agreement, command))
 
 

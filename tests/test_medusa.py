@@ -32,8 +32,8 @@ from hf_speculators.heads.medusa_formats import (
     read_medusa_heads,
     save_medusa_heads,
 )
+from hf_speculators.loading import DEMO_IDS
 
-ARCHS = ("llama", "qwen2", "qwen3")
 FORMATS = {"v0.1-safetensors": (True, "safetensors"), "v0.1-pt": (True, "pt"), "v2": (False, "safetensors")}
 NUM_HEADS, TRAIN_STEPS, NUM_RUNS = 5, 60, 500
 WEIGHT_FILE = {"safetensors": "medusa_lm_head.safetensors", "pt": "medusa_lm_head.pt"}
@@ -126,6 +126,14 @@ def test_greedy_output_is_the_targets(zoo, medusa, arch, fmt, shape, k):
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # accepted and rejected drafts both occur
 
 
+@pytest.mark.parametrize("tree", [None, "medusa"], ids=["chain", "tree"])
+def test_greedy_output_with_a_processor_reading_the_sequence_is_the_targets(zoo, medusa, tree):
+    """A repetition penalty: the drafts and the verification see each path's tokens."""
+    drafter = MedusaDrafter.from_pretrained(str(medusa.folder("llama", "v2")), tree=tree, num_draft_tokens=3)
+    output = speculative_generate(zoo.target("llama"), prompt_ids("repetitive"), drafter, repetition_penalty=1.5)
+    assert_same_tokens(output, zoo.reference("llama", "repetitive", repetition_penalty=1.5))
+
+
 def test_a_tree_of_paths_is_exact(zoo, medusa):
     output, drafter = run_exact(zoo, medusa, "llama", "v2", [(0,), (1,), (0, 0), (1, 0), (0, 0, 0)], None)
     assert drafter.num_draft_tokens == drafter.tree.depth == 3
@@ -189,7 +197,8 @@ def test_sampled_chains_are_lossless(zoo, medusa):
     config = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 2, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False,
                               return_dict_in_generate=True)
-    stopping, generator = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)]), torch.Generator().manual_seed(0)
+    stopping = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)])
+    generator = torch.Generator().manual_seed(0)
     counts, accepted = torch.zeros_like(joint), 0
     for _ in range(NUM_RUNS):
         out = hs.generate(model, prompt, logits_processor=warpers, stopping_criteria=stopping, generation_config=config,
@@ -259,10 +268,14 @@ def test_detection(tmp_path):
     assert detect_medusa_format(tmp_path) == MEDUSA_V1
 
 
-def test_from_pretrained_reads_a_demo_id_and_a_folder(medusa):
+def test_from_pretrained_reads_a_folder_and_the_demo_id(medusa):
     drafter = MedusaDrafter.from_pretrained(str(medusa.folder("llama", "v2")), tree="medusa", num_draft_tokens=2)
     assert drafter.tree.depth == 4 and drafter.num_draft_tokens == 2 and not drafter.heads.has_lm_heads
     assert repr(drafter).startswith("MedusaDrafter(num_heads=5, num_draft_tokens=2, tree=StaticTree(")
+    demo = MedusaDrafter.from_pretrained("hf_speculators/demo-medusa")  # shipped in the package: v0.1, float16
+    assert detect_medusa_format(DEMO_IDS["hf_speculators/demo-medusa"]) == MEDUSA_V1
+    assert (demo.heads.num_heads, demo.heads.hidden_size, demo.heads.vocab_size, demo.num_draft_tokens) == (
+        3, 384, 4096, 3)
 
 
 # ---------------------------------------------------------------- errors

@@ -8,11 +8,10 @@ import torch
 from ..heads.files import head_folder
 from ..heads.medusa import MedusaHeads
 from ..heads.medusa_formats import read_medusa_heads
-from ..sampling import process_logits
 from ..types import Draft
 from .draft_model import vocabulary_size
 from .feature import FeatureDrafter
-from .tree import DraftNodes, DynamicTree, StaticTree, tree_shape
+from .tree import DynamicTree, StaticTree, grow_tree, tree_shape
 
 # Medusa's default tree, `mc_sim_7b_63` in FasterDecoding/Medusa `medusa/model/medusa_choices.py` (@e2a5d20):
 # 63 paths of child ranks, depth <= 4, found by simulating acceptance with Vicuna-7B's heads (Cai et al. 2024,
@@ -112,8 +111,9 @@ class MedusaDrafter(FeatureDrafter):
         Hub repo (its JSON and weight files only; never code).
 
         Raises:
-            `ValueError`: not a Medusa checkpoint, or malformed weights; the drafter's own errors.
-            `FileNotFoundError`: a local path that is not a folder, or a folder without Medusa weights.
+            `ValueError`: not a Medusa checkpoint (no config.json with `medusa_num_heads` and `medusa_lm_head`
+                weights), or malformed weights; the drafter's own errors.
+            `FileNotFoundError`: a local path that is not a folder.
         """
         heads = read_medusa_heads(head_folder(repo_id_or_path, revision=revision, token=token))
         return cls(heads, num_draft_tokens=num_draft_tokens, tree=tree)
@@ -157,15 +157,11 @@ class MedusaDrafter(FeatureDrafter):
         return Draft.chain(torch.stack(tokens), torch.stack(probs) if self.do_sample else None)
 
     def _tree(self, input_ids: torch.LongTensor, logits: torch.FloatTensor) -> Draft:
-        """The tree's nodes, the children at depth d taken from head d's processed scores."""
-        nodes, frontier = DraftNodes(), [-1]
-        for depth, head_logits in enumerate(logits):
-            rows = head_logits.expand(len(frontier), -1)  # the same head for every frontier node
-            scores = process_logits(self.logits_processor, nodes.prefixes(input_ids, frontier), rows)
-            frontier = self.tree.next_frontier(
-                nodes, self.tree.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth))
-            if not frontier:
-                break
+        """The tree's nodes, the children at depth d taken from head d's processed scores: the heads read no draft
+        token, so the "forward" over a frontier gives every node of it the next head's logits."""
+        deeper = iter(logits[1:])
+        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits[:1], len(logits),
+                          lambda nodes, frontier, fed_tree: next(deeper).expand(len(frontier), -1))
         return nodes.draft(self.tree.select(nodes), input_ids.device)
 
     def __repr__(self) -> str:

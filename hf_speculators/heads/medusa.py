@@ -90,5 +90,5 @@ class MedusaHeads(nn.Module):
         """
         if not self.has_lm_heads and lm_head is None:
             raise ValueError("These Medusa heads (version 2) end with the target's LM head: pass lm_head=.")
-        outputs = [head(hidden_states) for head in self.heads[:num_heads]]
-        return torch.stack(outputs if self.has_lm_heads else [lm_head(output) for output in outputs])
+        outputs = torch.stack([head(hidden_states) for head in self.heads[:num_heads]])
+        return outputs if self.has_lm_heads else lm_head(outputs)  # one pass of the shared LM head over all heads

@@ -70,9 +70,9 @@ def read_medusa_heads(folder: str | Path) -> MedusaHeads:
             Hub repo).
 
     Raises:
-        `ValueError`: not a Medusa checkpoint; weight names or shapes that are not a Medusa head list; weights whose
-            LM heads contradict the config's `version`; a pickle holding more than tensors.
-        `FileNotFoundError`: no `medusa_lm_head.safetensors` or `medusa_lm_head.pt`.
+        `ValueError`: not a Medusa checkpoint (see `detect_medusa_format`); weight names or shapes that are not a
+            Medusa head list; weights whose LM heads contradict the config's `version`; a pickle holding more than
+            tensors.
     """
     folder = Path(folder)
     kind = detect_medusa_format(folder)
