@@ -62,7 +62,7 @@ def method_config(
     if method not in METHODS:
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
     lookup = _given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size, prefer=prefer)
-    tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes) or None
+    tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)  # {}: a DynamicTree's defaults
     settings = {
         "prompt-lookup": {"method": "prompt-lookup", **lookup},
         "prompt-lookup-tree": {"method": "prompt-lookup", "num_candidates": num_candidates or TREE_NUM_CANDIDATES,

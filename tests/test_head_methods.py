@@ -13,7 +13,7 @@ from hf_speculators import cli
 from hf_speculators.benchmark import run_benchmark
 from hf_speculators.heads.medusa import MedusaHeads
 from hf_speculators.heads.medusa_formats import save_medusa_heads
-from hf_speculators.methods import HEAD_METHODS, make_drafter
+from hf_speculators.methods import HEAD_METHODS, make_drafter, method_config
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,9 @@ def test_head_presets_export_to_vllm_where_vllm_reads_the_checkpoint(heads):
         hs.SpeculativeConfig(method="eagle3", draft_model="org/speculator", tree={"depth": 4}).to_vllm()
     with pytest.raises(ValueError, match="vLLM reads Medusa heads in its own layout"):
         hs.SpeculativeConfig(method="medusa", draft_model="org/medusa").to_vllm()
+
+
+@pytest.mark.parametrize("method", ["draft-model-tree", "eagle3-tree", "medusa-tree"])
+def test_tree_methods_draft_a_tree_without_tree_options(method):
+    config = method_config(method, draft_model="org/draft", eagle_head="org/eagle", medusa_head="org/medusa")
+    assert config.tree == {}  # DynamicTree's defaults, never a chain

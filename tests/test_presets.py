@@ -195,9 +195,9 @@ def test_relaxed_verifiers_build_with_their_parameters(verification, settings, e
 
 
 def test_a_speculators_type_raises_naming_it_and_listing_the_drafters(target):
-    config = hs.SpeculativeConfig(method="eagle3", draft_model="org/speculator")
-    drafters = r"\['draft-model', 'layer-skip', 'prompt-lookup', 'tree'\]"
-    with pytest.raises(ValueError, match=r"method='eagle3' cannot be built .*" + drafters + ".*vLLM"):
+    config = hs.SpeculativeConfig(method="dflash", draft_model="org/speculator")
+    drafters = r"\['draft-model', 'eagle', 'eagle3', 'layer-skip', 'medusa', 'prompt-lookup', 'tree'\]"
+    with pytest.raises(ValueError, match=r"method='dflash' cannot be built .*" + drafters + ".*vLLM"):
         config.build(target)
 
 
