@@ -7,6 +7,7 @@ from .drafters import (
     DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, LayerSkipDrafter, PromptLookupDrafter, StaticTree, TreeDrafter,
 )
 from .metrics import SpeculativeStats
+from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
 from .tree import TokenTree
 from .types import Draft, Verdict
 from .verifiers import (
@@ -23,13 +24,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DRAFTERS",
+    "SCHEDULES",
     "VERIFIERS",
     "Draft",
+    "DraftLengthSchedule",
     "DraftModelDrafter",
     "Drafter",
     "LayerSkipDrafter",
     "DynamicTree",
     "ExactVerifier",
+    "GoodputSchedule",
     "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",

@@ -220,7 +220,7 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     Returns:
         `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
         "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
-        "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
+        "mean_draft_length", "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
         records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
         time per draft token over plain decoding's time per token (Leviathan et al.'s c).
     """
@@ -250,6 +250,7 @@ def _summarize_method(records: list[dict]) -> dict:
         accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
     )
     num_draft_tokens = sum(r["num_draft_tokens"] for r in with_stats)
+    draft_lengths = _sum_lists(r.get("draft_lengths") or [] for r in with_stats)
     return {
         "num_prompts": len(records),
         "new_tokens": new_tokens,
@@ -260,6 +261,8 @@ def _summarize_method(records: list[dict]) -> dict:
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
         "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
+        "mean_draft_length": sum(k * n for k, n in enumerate(draft_lengths)) / sum(draft_lengths)
+        if draft_lengths else None,
         "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
     }
 
@@ -289,7 +292,7 @@ def _check_methods(methods: Sequence[str], draft, exit_layer: int | None) -> lis
     return chosen
 
 
-def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier,
+def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier, schedule,
                      drafter_options) -> dict:
     """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
     if method == "hf-prompt-lookup":
@@ -301,7 +304,8 @@ def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngra
     if method in speculative_methods.METHODS:
         drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
                                                    max_ngram_size=max_ngram_size, target=target, **drafter_options)
-        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier}
+        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier,
+                "num_draft_tokens_schedule": schedule}
     return {}
 
 
@@ -511,6 +515,7 @@ def run_benchmark(
     exit_layer: int | None = None,
     confidence_threshold: float | None = None,
     draft_vocab=None,
+    num_draft_tokens_schedule: str | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -571,6 +576,9 @@ def run_benchmark(
         draft_vocab (`torch.LongTensor`, *optional*): `"layer-skip"`'s reduced draft vocabulary
             (`LayerSkipDrafter(draft_vocab=...)`, e.g. from `hf_speculators.vocab.frequent_tokens`); records
             give its size as `draft_vocab_size`.
+        num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (`"constant"`, the
+            default, `"heuristic"` or `"goodput"`, which takes `num_draft_tokens` as its bound); see
+            `hf_speculators.generate`.
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -579,7 +587,8 @@ def run_benchmark(
     Raises:
         `ImportError`: a self-draft method whose quantization library is not installed.
         `ValueError`: for an unknown method or verifier, a draft method without `draft`, an exit-layer method
-            without `exit_layer`, a self-draft method that cannot quantize `target` (see
+            without `exit_layer`, an unknown `num_draft_tokens_schedule`, a self-draft method that cannot quantize
+            `target` (see
             `DraftModelDrafter.from_target`), no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
@@ -594,17 +603,18 @@ def run_benchmark(
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
+    schedule = check_schedule(num_draft_tokens_schedule)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
                        "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
                        "draft_vocab": draft_vocab}
     recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
-                "verifier": repr(verifier), **recorded_options,
+                "verifier": repr(verifier), "num_draft_tokens_schedule": schedule, **recorded_options,
                 "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options)
-              for m in methods}
+    kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, schedule,
+                                  drafter_options) for m in methods}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:

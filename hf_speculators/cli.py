@@ -21,6 +21,7 @@ from .metrics import clock
 from .methods import METHODS, make_drafter
 from .presets import bundled_presets
 from .quantization import QUANTIZATIONS
+from .schedules import SCHEDULES
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -34,6 +35,7 @@ from .verifiers import VERIFIERS
 from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-draft-model"
+DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -55,6 +57,13 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
+
+
+def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--num-draft-tokens-schedule", choices=sorted(SCHEDULES), default=None,
+                        help="each step's draft length: constant (--num-draft-tokens every step), heuristic "
+                             "(transformers' +2/-1 rule) or goodput (0 to --num-draft-tokens, the most tokens per "
+                             f"second measured during the call) (default: {default})")
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +108,7 @@ def _add_generate(commands) -> None:
                      help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
                           "the flags below override its settings")
     _add_model_options(gen, threads=None, from_preset=True)
+    _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
     gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
     gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     gen.add_argument("--confidence-threshold", type=float, default=None,
@@ -124,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
     _add_prompt_options(bench)
     _add_model_options(bench, threads=1, from_preset=False)
+    _add_schedule_option(bench, "constant")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
@@ -174,7 +185,7 @@ def config_from_args(args) -> SpeculativeConfig:
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
         "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
         "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
-        "draft_vocab_size": args.draft_vocab_size,
+        "draft_vocab_size": args.draft_vocab_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -197,6 +208,7 @@ def run_generate(args) -> int:
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
     speculative = dict(candidate_generator=drafter, verifier=verifier, tokenizer=tokenizer,
+                       num_draft_tokens_schedule=config.num_draft_tokens_schedule or DEFAULT_GENERATE_SCHEDULE,
                        return_dict_in_generate=True)
     for options in ({}, speculative):  # warm-up, untimed
         target.generate(**inputs, **{**common, "max_new_tokens": 4}, **options)
@@ -234,7 +246,7 @@ def run_bench(args) -> int:
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
-        draft_vocab=draft_vocab,
+        draft_vocab=draft_vocab, num_draft_tokens_schedule=args.num_draft_tokens_schedule,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1
@@ -288,6 +300,8 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     print(f"mean acceptance length: {stats.mean_acceptance_length:.2f} tokens per draft "
           f"(acceptance rate {stats.acceptance_rate:.2f}, {stats.num_target_forwards} target forwards)")
     print(f"identical to plain greedy: {identical}")
+    lengths = ", ".join(f"{k}: {n}" for k, n in enumerate(stats.draft_lengths) if n)
+    print(f"draft lengths (tokens asked: steps): {lengths}; {stats.num_steps_without_draft} steps without a draft")
 
 
 def main(argv: list[str] | None = None) -> int:

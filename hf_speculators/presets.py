@@ -5,6 +5,7 @@ This module finds the settings of a preset (a local card, a bundled card, a Hub 
 """
 
 import json
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -131,16 +132,19 @@ def _settings_table(config) -> list[str]:
 def _vllm_section(config) -> list[str]:
     """vLLM code running the same method, or why there is none (demo ids kept: a card holds no local paths)."""
     try:
-        exported = to_vllm(config, resolve_ids=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exported = to_vllm(config, resolve_ids=False)
     except ValueError as error:
         return [f"Not exportable: {error}"]
+    notes = [f"Note: {warning.message}" for warning in caught]
     demo_note = ["", "vLLM needs the folders of `hf_speculators/demo-*` ids: `config.to_vllm()` and "
                  "`hf_speculators.loading.resolve_model_id` give them."]
     uses_demo = {config.target_model, config.draft_model} & set(DEMO_IDS)
     return [
         "```python", "from vllm import LLM", "",
         f"llm = LLM(model={config.target_model or 'TARGET_MODEL'!r}, speculative_config={exported!r})", "```",
-        *(demo_note if uses_demo else []),
+        *(demo_note if uses_demo else []), *(["", *notes] if notes else []),
     ]
 
 
