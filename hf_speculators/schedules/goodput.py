@@ -17,6 +17,26 @@ estimate is an exponential moving average over the call's steps with a prior, so
 from .base import DraftLengthSchedule
 
 
+class MovingAverage:
+    """The discounted mean of the values taken in: each value's weight decays by `memory` per later value.
+
+    Args:
+        memory (`float`): the decay factor, in (0, 1); about `1 / (1 - memory)` recent values count.
+    """
+
+    def __init__(self, memory: float):
+        self.memory, self.weight, self.total = memory, 0.0, 0.0
+
+    def add(self, value: float) -> None:
+        self.weight = self.memory * self.weight + 1.0
+        self.total = self.memory * self.total + value
+
+    @property
+    def value(self) -> float | None:
+        """The mean, or `None` before the first value."""
+        return self.total / self.weight if self.weight else None
+
+
 class CostFit:
     """A straight line `seconds = intercept + slope * tokens`, fitted by discounted least squares with a prior.
 
@@ -68,7 +88,7 @@ class GoodputSchedule(DraftLengthSchedule):
     k = 0 runs a plain one-token step; while there, a probe step drafts again now and then (the best k >= 1) so a
     call that started badly can recover; a probe that gets nothing accepted doubles the wait for the next one.
     Every `explore_interval` drafted steps, one step uses a neighbouring length (k - 1, then k + 1), so that the
-    cost lines and the acceptance one position further are measured, not only assumed. The first step drafts
+    costs (a plain step's too) and the acceptance one position further are measured, not only assumed. The first step drafts
     `num_draft_tokens` (nothing is measured yet).
 
     Args:
@@ -76,8 +96,10 @@ class GoodputSchedule(DraftLengthSchedule):
         prior_acceptance (`float`, defaults to 0.5): the prior acceptance rate at position 0; position i's prior is
             the estimate at position i - 1.
         prior_strength (`float`, defaults to 2.0): the priors' weight, in steps.
-        memory (`float`, defaults to 0.95): each observation's weight decays by this factor per later one (about
-            the last 20 observations count).
+        memory (`float`, defaults to 0.95): the acceptance estimates' decay factor per later observation (about the
+            last 20 drafts count).
+        cost_memory (`float`, defaults to 0.98): the same for the costs (about the last 50 steps count: timings are
+            noisy and change slowly).
         verify_relative_slope (`float`, defaults to 0.1): the prior cost of one more scored token relative to a
             one-token target forward (measured within a few steps).
         probe_interval (`int`, defaults to 4), max_probe_interval (`int`, defaults to 64): plain steps before the
@@ -88,18 +110,18 @@ class GoodputSchedule(DraftLengthSchedule):
     name = "goodput"
 
     def __init__(self, num_draft_tokens: int, *, prior_acceptance: float = 0.5, prior_strength: float = 2.0,
-                 memory: float = 0.95, verify_relative_slope: float = 0.1, probe_interval: int = 4,
-                 max_probe_interval: int = 64, explore_interval: int | None = 16):
+                 memory: float = 0.95, cost_memory: float = 0.98, verify_relative_slope: float = 0.1,
+                 probe_interval: int = 4, max_probe_interval: int = 64, explore_interval: int | None = 16):
         super().__init__(num_draft_tokens)
         self.prior_acceptance, self.prior_strength, self.memory = prior_acceptance, prior_strength, memory
         self.reached = [0.0] * num_draft_tokens  # discounted steps whose draft reached position i (earlier accepted)
         self.accepted = [0.0] * num_draft_tokens  # ... of which position i was accepted
         self.asked = [0.0] * num_draft_tokens  # discounted steps that asked for more than i tokens
         self.present = [0.0] * num_draft_tokens  # ... of which the draft had a token at position i
-        self.nodes_per_depth: float | None = None  # draft tokens per position (1 for a chain)
-        self.draft_cost = CostFit(relative_slope=1.0, memory=memory)  # seconds vs tokens drafted (depth)
-        self.verify_cost = CostFit(relative_slope=verify_relative_slope, memory=memory)  # seconds vs tokens scored
-        self.plain_cost: float | None = None  # seconds of a step without a draft
+        self.nodes_per_depth = MovingAverage(cost_memory)  # draft tokens per position (1 for a chain)
+        self.draft_cost = CostFit(relative_slope=1.0, memory=cost_memory)  # seconds vs tokens drafted (depth)
+        self.verify_cost = CostFit(relative_slope=verify_relative_slope, memory=cost_memory)  # vs tokens scored
+        self.plain_cost = MovingAverage(cost_memory)  # seconds of a step without a draft
         self.base_probe_interval, self.max_probe_interval = probe_interval, max_probe_interval
         self.probe_interval, self.explore_interval = probe_interval, explore_interval
         self.num_plain_steps = self.num_drafted_steps = 0  # plain steps in a row; drafted steps so far
@@ -110,19 +132,15 @@ class GoodputSchedule(DraftLengthSchedule):
         if draft_length > 0:
             self._observe_acceptance(min(draft_length, self.num_draft_tokens), depth, num_accepted)
         if num_nodes == 0:
-            self.plain_cost = self._average(self.plain_cost, draft_seconds + verify_seconds)
+            self.plain_cost.add(draft_seconds + verify_seconds)
         else:
             self.draft_cost.add(depth, draft_seconds)
             self.verify_cost.add(num_nodes + 1, verify_seconds)
-            self.nodes_per_depth = self._average(self.nodes_per_depth, num_nodes / depth)
+            self.nodes_per_depth.add(num_nodes / depth)
         if self.probing:
             self.probe_interval = (self.base_probe_interval if num_accepted else
                                    min(2 * self.probe_interval, self.max_probe_interval))
         self.draft_length = self._next_length()
-
-    def _average(self, average: float | None, value: float) -> float:
-        """The moving average `average` with `value` taken in (the first value as it is)."""
-        return value if average is None else self.memory * average + (1.0 - self.memory) * value
 
     def _observe_acceptance(self, asked: int, depth: int, num_accepted: int) -> None:
         m = self.memory
@@ -136,7 +154,8 @@ class GoodputSchedule(DraftLengthSchedule):
     def expected_goodput(self) -> list[float]:
         """Entry k: the expected tokens per second of a step with draft length k, for k in `0..num_draft_tokens`."""
         verify, draft, strength = self.verify_cost, self.draft_cost, self.prior_strength
-        plain = self.plain_cost if self.plain_cost is not None else verify(1)
+        plain = self.plain_cost.value if self.plain_cost.value is not None else verify(1)
+        nodes_per_depth = self.nodes_per_depth.value
         rates = [1.0 / plain if plain > 0 else float("inf")]
         acceptance, presence = self.prior_acceptance, 1.0  # the priors of position 0
         tokens, depth, survival = 1.0, 0.0, 1.0
@@ -146,7 +165,7 @@ class GoodputSchedule(DraftLengthSchedule):
             survival *= acceptance
             tokens += presence * survival
             depth += presence
-            seconds = draft(depth) + verify(1.0 + self.nodes_per_depth * depth)
+            seconds = draft(depth) + verify(1.0 + nodes_per_depth * depth)
             rates.append(tokens / seconds if seconds > 0 else float("inf"))
         return rates
 
@@ -158,12 +177,12 @@ class GoodputSchedule(DraftLengthSchedule):
         self.probing = False
         if best == 0:
             self.num_plain_steps += 1
-            if self.num_plain_steps < self.probe_interval:
+            if self.num_plain_steps <= self.probe_interval:
                 return 0
             self.probing, best = True, max(range(1, len(rates)), key=rates.__getitem__)
         self.num_plain_steps = 0
         self.num_drafted_steps += 1
         if self.explore_interval and not self.probing and self.num_drafted_steps % self.explore_interval == 0:
             step = 1 if (self.num_drafted_steps // self.explore_interval) % 2 == 0 else -1
-            best = min(max(best + step, 1), self.num_draft_tokens)
+            best = min(max(best + step, 0), self.num_draft_tokens)
         return best
