@@ -19,7 +19,8 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   modules run on their own by layer skip (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
-    drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
+    drafter, verifier, draft_lengths, num_steps_without_draft
+                                                  `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
     provenance                                    the run: git commit, versions, device, dtype, threads, models and
                                                   their quantization configs, settings and timestamp (the same
@@ -47,6 +48,7 @@ from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
 from .metrics import SpeculativeStats, clock
 from .quantization import quantization_settings
+from .schedules import check_schedule
 from .verifiers import resolve_verifier
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
@@ -62,7 +64,7 @@ PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assista
 STATS_FIELDS = (
     "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_draft_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
-    "drafter", "verifier",
+    "drafter", "verifier", "draft_lengths", "num_steps_without_draft",
 )
 
 
@@ -187,6 +189,8 @@ class BenchmarkResult:
             ("share of wall time outside model forwards", "outside_forwards", "{:.1%}"),
             ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio",
              "{:.3f}"),
+            ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length",
+             "{:.2f}"),
         ]
         lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
@@ -307,6 +311,22 @@ def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngra
         return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier,
                 "num_draft_tokens_schedule": schedule}
     return {}
+
+
+def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
+    """The benchmark name of `method` run with `num_draft_tokens` under `schedule`, e.g. `draft-model[k=3]` or
+    `draft-model[goodput,k<=6]` (the bound) or `draft-model[heuristic,k=5]` (the starting length)."""
+    if schedule == "constant":
+        return f"{method}[k={num_draft_tokens}]"
+    return f"{method}[{schedule},k{'<=' if schedule == 'goodput' else '='}{num_draft_tokens}]"
+
+
+def _variants(method: str, num_draft_tokens: int, schedule: str, variants) -> list[tuple[str, int, str]]:
+    """`(name, num_draft_tokens, schedule)` of each run of `method`: one per variant for our methods when
+    `variants` is given, else the method itself with the run's settings."""
+    if variants is None or method not in speculative_methods.METHODS:
+        return [(method, num_draft_tokens, schedule)]
+    return [(variant_label(method, k, check_schedule(name)), k, name) for k, name in variants]
 
 
 @contextmanager
@@ -516,6 +536,7 @@ def run_benchmark(
     confidence_threshold: float | None = None,
     draft_vocab=None,
     num_draft_tokens_schedule: str | None = None,
+    variants: Sequence[tuple[int, str]] | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -579,6 +600,9 @@ def run_benchmark(
         num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (`"constant"`, the
             default, `"heuristic"` or `"goodput"`, which takes `num_draft_tokens` as its bound); see
             `hf_speculators.generate`.
+        variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our
+            methods then runs once per pair, side by side, named by `variant_label` (e.g. `draft-model[k=3]`,
+            `draft-model[goodput,k<=6]`); transformers' methods keep `num_draft_tokens`.
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -597,8 +621,9 @@ def run_benchmark(
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
-    for name, value in (("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
-                        ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)):
+    sizes = [("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
+             ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)]
+    for name, value in sizes + [("num_draft_tokens", k) for k, _ in variants or ()]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
@@ -610,11 +635,12 @@ def run_benchmark(
     recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
-                "verifier": repr(verifier), "num_draft_tokens_schedule": schedule, **recorded_options,
+                "verifier": repr(verifier), "num_draft_tokens_schedule": schedule,
+                "variants": None if variants is None else [list(v) for v in variants], **recorded_options,
                 "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, schedule,
-                                  drafter_options) for m in methods}
+    kwargs = {label: _generate_kwargs(m, target, draft, k, max_ngram_size, verifier, name, drafter_options)
+              for m in methods for label, k, name in _variants(m, num_draft_tokens, schedule, variants)}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:

@@ -101,6 +101,15 @@ def _top_k_settings(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
 
 
+def _variant_list(text: str) -> list[tuple[int, str]]:
+    """`"1,2,goodput:6"` -> `[(1, "constant"), (2, "constant"), (6, "goodput")]`."""
+    try:
+        return [(int(item), "constant") if ":" not in item else (int(item.split(":")[1]), item.split(":")[0])
+                for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated K or SCHEDULE:K items, got {text!r}") from None
+
+
 def _add_generate(commands) -> None:
     gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
     gen.add_argument("prompt")
@@ -135,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt_options(bench)
     _add_model_options(bench, threads=1, from_preset=False)
     _add_schedule_option(bench, "constant")
+    bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
+                       help="run each of our methods once per item, side by side: K draft tokens every step, or "
+                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6)")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
@@ -246,7 +258,7 @@ def run_bench(args) -> int:
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
-        draft_vocab=draft_vocab, num_draft_tokens_schedule=args.num_draft_tokens_schedule,
+        draft_vocab=draft_vocab, num_draft_tokens_schedule=args.num_draft_tokens_schedule, variants=args.variants,
     )
     print(f"records: {args.out}")
     return 0 if result.ok else 1

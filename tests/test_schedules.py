@@ -14,7 +14,7 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 import hf_speculators as hs
 from hf_speculators import cli, decoding
 from hf_speculators.schedules import SCHEDULES, HeuristicSchedule, make_schedule
-from hf_speculators.schedules.goodput import CostFit, GoodputSchedule
+from hf_speculators.schedules.goodput import CostFit, GoodputSchedule, MovingAverage
 from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, make_drafter, prompt_ids
 from test_lossless import START_TOKEN, VOCAB, draft_chain, statistics, target_scores
 
@@ -255,6 +255,18 @@ def test_cost_fit_recovers_a_line_from_several_lengths():
     one_length = CostFit(relative_slope=1.0, memory=0.95)
     one_length.add(4, 0.008)  # one length seen: the prior's proportional line
     assert one_length(1) == pytest.approx(0.002) and one_length(0) == pytest.approx(0.0)
+
+
+def test_a_descheduled_step_counts_as_at_most_twice_the_expected_duration():
+    fit, average = CostFit(relative_slope=0.1, memory=0.98), MovingAverage(memory=0.98)
+    for _ in range(3):
+        fit.add(2, 0.010)
+        average.add(0.010)
+    fit.add(2, 1.0)  # the process lost the CPU for a second
+    average.add(1.0)
+    assert fit(2) == pytest.approx((3 * 0.010 + 0.020) / 4, rel=0.02)
+    assert average.value == pytest.approx((0.98**3 * 0.010 + 0.98**2 * 0.010 + 0.98 * 0.010 + 0.020) /
+                                          (0.98**3 + 0.98**2 + 0.98 + 1))
 
 
 # ---------------------------------------------------------------- losslessness with history-dependent lengths

@@ -16,6 +16,16 @@ estimate is an exponential moving average over the call's steps with a prior, so
 
 from .base import DraftLengthSchedule
 
+# an observed duration counts as at most this multiple of what was expected: a step that the OS descheduled
+# (a busy machine) should not make drafting look expensive for the next fifty steps
+OUTLIER_RATIO = 2.0
+MIN_OBSERVATIONS = 3  # observations before durations are capped
+
+
+def capped(seconds: float, expected: float | None) -> float:
+    """`seconds`, at most `OUTLIER_RATIO * expected` (not capped when `expected` is `None`)."""
+    return seconds if expected is None else min(seconds, OUTLIER_RATIO * expected)
+
 
 class MovingAverage:
     """The discounted mean of the values taken in: each value's weight decays by `memory` per later value.
@@ -25,9 +35,12 @@ class MovingAverage:
     """
 
     def __init__(self, memory: float):
-        self.memory, self.weight, self.total = memory, 0.0, 0.0
+        self.memory, self.weight, self.total, self.count = memory, 0.0, 0.0, 0
 
     def add(self, value: float) -> None:
+        """Takes in `value`, capped at `OUTLIER_RATIO` times the mean after `MIN_OBSERVATIONS` values."""
+        value = capped(value, self.value if self.count >= MIN_OBSERVATIONS else None)
+        self.count += 1
         self.weight = self.memory * self.weight + 1.0
         self.total = self.memory * self.total + value
 
@@ -40,10 +53,10 @@ class MovingAverage:
 class CostFit:
     """A straight line `seconds = intercept + slope * tokens`, fitted by discounted least squares with a prior.
 
-    The prior is a line through the mean observation with `intercept = slope / relative_slope`, i.e. `seconds
-    = c * (1 + relative_slope * (tokens - 1))`: one token costs `c`, each extra one `relative_slope * c`. It pulls
-    the slope with the weight of `prior_weight` observations one token apart, so one observed length already gives
-    a line, and observations at several lengths take over.
+    The prior is the line `seconds = c * (1 + relative_slope * (tokens - 1))` through the mean observation: one
+    token costs `c`, each extra one `relative_slope * c`. It pulls the slope with the weight of `prior_weight`
+    observations one token apart, so one observed length already gives a line, and observations at several lengths
+    take over. After `MIN_OBSERVATIONS`, an observation counts as at most `OUTLIER_RATIO` times the line's value.
 
     Args:
         relative_slope (`float`): the prior's cost of one more token relative to the first (1.0: proportional).
@@ -55,9 +68,12 @@ class CostFit:
         self.relative_slope, self.memory, self.prior_weight = relative_slope, memory, prior_weight
         self.weight = self.tokens = self.tokens_squared = self.seconds = self.tokens_seconds = 0.0
         self.intercept = self.slope = 0.0
+        self.count = 0
 
     def add(self, tokens: float, seconds: float) -> None:
         """Takes in one observation: `seconds` spent on `tokens` tokens; refits the line."""
+        seconds = capped(seconds, self(tokens) if self.count >= MIN_OBSERVATIONS else None)
+        self.count += 1
         m = self.memory
         self.weight = m * self.weight + 1.0
         self.tokens = m * self.tokens + tokens
@@ -73,7 +89,7 @@ class CostFit:
 
     @property
     def fitted(self) -> bool:
-        return self.weight > 0
+        return self.count > 0
 
     def __call__(self, tokens: float) -> float:
         """Predicted seconds for `tokens` tokens (never below zero)."""
@@ -93,9 +109,9 @@ class GoodputSchedule(DraftLengthSchedule):
 
     Args:
         num_draft_tokens (`int`): the upper bound on the draft length.
-        prior_acceptance (`float`, defaults to 0.5): the prior acceptance rate at position 0; position i's prior is
+        prior_acceptance (`float`, defaults to 0.8): the prior acceptance rate at position 0; position i's prior is
             the estimate at position i - 1.
-        prior_strength (`float`, defaults to 2.0): the priors' weight, in steps.
+        prior_strength (`float`, defaults to 1.0): the priors' weight, in steps.
         memory (`float`, defaults to 0.95): the acceptance estimates' decay factor per later observation (about the
             last 20 drafts count).
         cost_memory (`float`, defaults to 0.98): the same for the costs (about the last 50 steps count: timings are
@@ -109,7 +125,7 @@ class GoodputSchedule(DraftLengthSchedule):
 
     name = "goodput"
 
-    def __init__(self, num_draft_tokens: int, *, prior_acceptance: float = 0.5, prior_strength: float = 2.0,
+    def __init__(self, num_draft_tokens: int, *, prior_acceptance: float = 0.8, prior_strength: float = 1.0,
                  memory: float = 0.95, cost_memory: float = 0.98, verify_relative_slope: float = 0.1,
                  probe_interval: int = 4, max_probe_interval: int = 64, explore_interval: int | None = 16):
         super().__init__(num_draft_tokens)
@@ -153,19 +169,21 @@ class GoodputSchedule(DraftLengthSchedule):
 
     def expected_goodput(self) -> list[float]:
         """Entry k: the expected tokens per second of a step with draft length k, for k in `0..num_draft_tokens`."""
-        verify, draft, strength = self.verify_cost, self.draft_cost, self.prior_strength
-        plain = self.plain_cost.value if self.plain_cost.value is not None else verify(1)
-        nodes_per_depth = self.nodes_per_depth.value
+        plain = self.plain_cost.value if self.plain_cost.value is not None else self.verify_cost(1)
         rates = [1.0 / plain if plain > 0 else float("inf")]
-        acceptance, presence = self.prior_acceptance, 1.0  # the priors of position 0
+        # the two cost lines in one: draft(depth) + verify(1 + nodes_per_depth * depth) = fixed + per_depth * depth
+        draft, verify, nodes_per_depth = self.draft_cost, self.verify_cost, self.nodes_per_depth.value
+        fixed = draft.intercept + verify.intercept + verify.slope
+        per_depth = draft.slope + verify.slope * nodes_per_depth
+        strength, acceptance, presence = self.prior_strength, self.prior_acceptance, 1.0  # position 0's priors
         tokens, depth, survival = 1.0, 0.0, 1.0
-        for i in range(self.num_draft_tokens):
-            acceptance = (self.accepted[i] + strength * acceptance) / (self.reached[i] + strength)
-            presence = (self.present[i] + strength * presence) / (self.asked[i] + strength)
+        for accepted, reached, present, asked in zip(self.accepted, self.reached, self.present, self.asked):
+            acceptance = (accepted + strength * acceptance) / (reached + strength)
+            presence = (present + strength * presence) / (asked + strength)
             survival *= acceptance
             tokens += presence * survival
             depth += presence
-            seconds = draft(depth) + verify(1.0 + nodes_per_depth * depth)
+            seconds = fixed + per_depth * depth
             rates.append(tokens / seconds if seconds > 0 else float("inf"))
         return rates
 
