@@ -43,6 +43,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
+from .chat import encode_prompt, use_chat_template
 from .decoding import generate
 from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
@@ -428,14 +429,10 @@ def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, 
                 getattr(output, "speculative_stats", None))
 
 
-def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device) -> tuple[torch.LongTensor, bool]:
+def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
+            system_prompt: str | None = None) -> tuple[torch.LongTensor, bool]:
     """Tokenizes `text` (through the chat template if asked); keeps the last `max_prompt_tokens` tokens."""
-    if chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("chat_template=True but the tokenizer has no chat template: pass chat_template=False.")
-        messages = [{"role": "user", "content": text}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    input_ids = tokenizer(text, add_special_tokens=not chat_template, return_tensors="pt").input_ids
+    input_ids = encode_prompt(tokenizer, text, chat_template, system_prompt).input_ids
     if input_ids.shape[1] == 0:
         raise ValueError(f"Prompt {text!r} tokenizes to no tokens; remove it from the prompts file.")
     return input_ids[:, -max_prompt_tokens:].to(device), input_ids.shape[1] > max_prompt_tokens
@@ -524,7 +521,8 @@ def run_benchmark(
     *,
     max_ngram_size: int = 2,
     max_prompt_tokens: int = 1024,
-    chat_template: bool = False,
+    chat_template: bool | None = False,
+    system_prompt: str | None = None,
     num_threads: int | None = 1,
     verbose: bool = True,
     verifier: str | None = None,
@@ -578,8 +576,9 @@ def run_benchmark(
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram matched by both prompt lookups.
         max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so
             that prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
-        chat_template (`bool`, defaults to `False`): wrap each prompt as a user turn with the tokenizer's chat
-            template (`add_generation_prompt=True`).
+        chat_template (`bool`, *optional*, defaults to `False`): wrap each prompt as a user turn with the
+            tokenizer's chat template (`add_generation_prompt=True`); `None`: when the tokenizer has one.
+        system_prompt (`str`, *optional*): a system turn before each prompt (needs the chat template).
         num_threads (`int`, *optional*, defaults to 1): torch CPU threads during the run (restored afterwards);
             `None` leaves the setting alone.
         verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
@@ -615,9 +614,10 @@ def run_benchmark(
             `target` (see
             `DraftModelDrafter.from_target`), no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
-            without a chat template, a prompt of no tokens, or `max_new_tokens` at or over the position limit.
+            or `system_prompt` without a chat template (see `hf_speculators.chat.use_chat_template`), a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
     methods = _check_methods(methods, draft, exit_layer)
+    chat_template = use_chat_template(tokenizer, chat_template, system_prompt)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
@@ -635,10 +635,11 @@ def run_benchmark(
     recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
+                "system_prompt": system_prompt,
                 "verifier": repr(verifier), "num_draft_tokens_schedule": schedule,
                 "variants": None if variants is None else [list(v) for v in variants], **recorded_options,
                 "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device) for p in prompts]
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt) for p in prompts]
     kwargs = {label: _generate_kwargs(m, target, draft, k, max_ngram_size, verifier, name, drafter_options)
               for m in methods for label, k, name in _variants(m, num_draft_tokens, schedule, variants)}
     with ExitStack() as stack:

@@ -1,6 +1,7 @@
 """The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate,
 `bench` compares methods on a prompt set, `sweep` measures the fidelity/acceptance trade-off of the relaxed
-verifiers, `presets` lists the bundled presets."""
+verifiers, `plot` draws a saved bench run, `presets` lists the bundled presets and `export` prints the vLLM
+command of one."""
 
 import argparse
 import sys
@@ -12,26 +13,29 @@ from .benchmark import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
+from .chat import encode_prompt, use_chat_template
 from .config import SpeculativeConfig
 from .decoding import enable
 from .drafters import DRAFTERS
 from .drafters.prompt_lookup import MATCH_RULES
-from .loading import DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer
+from .loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .metrics import clock
 from .methods import METHODS, make_drafter
-from .presets import bundled_presets
+from .plotting import plot_benchmark, pyplot, read_records
+from .presets import bundled_card, bundled_presets, card_results
 from .quantization import QUANTIZATIONS
+from .quiet import quiet_third_party
 from .schedules import SCHEDULES
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
     default_verifiers,
     plot_sweep,
-    pyplot,
     run_sweep,
     sweep_table,
 )
 from .verifiers import VERIFIERS
+from .vllm_export import vllm_commands
 from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-draft-model"
@@ -48,15 +52,26 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
     parser.add_argument("--num-draft-tokens", type=int, default=None,
                         help="draft tokens per step (k); for tree methods the depth")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=AUTO,
+                        help="auto (default): the checkpoint's dtype on a GPU, float32 on a CPU")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
                         help="load the target quantized: int8 and int4 (torchao), nf4 (bitsandbytes), fp8 (torchao, "
                              "CUDA GPUs of compute capability >= 8.9); needs the quantization extra")
     parser.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
                         help="load the draft model quantized (same modes as --quantization)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default=AUTO, help="auto (default): CUDA, then MPS, then the CPU")
     parser.add_argument("--threads", type=int, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
+    _add_chat_options(parser)
+    parser.add_argument("--verbose", action="store_true",
+                        help="let third-party logs, warnings and loading bars through (hidden by default)")
+
+
+def _add_chat_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap the prompt in the tokenizer's chat template with a generation prompt (default: "
+                             "when the tokenizer has one, as instruct models do)")
+    parser.add_argument("--system", default=None, metavar="TEXT", help="a system turn before the prompt (--chat)")
 
 
 def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
@@ -160,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
                        help="our prompt lookups' match rule among earlier occurrences (default: latest)")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
+    bench.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw speedup and mean acceptance length per method and category (matplotlib)")
     bench.set_defaults(run=run_bench)
 
     sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
@@ -178,9 +195,32 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--no-plot", action="store_true", help="print the table only")
     sweep.set_defaults(run=run_sweep_command)
 
-    presets = commands.add_parser("presets", help="list the bundled presets (model cards)")
-    presets.set_defaults(run=run_presets)
+    _add_plot(commands)
+    _add_presets(commands)
+    _add_export(commands)
     return parser
+
+
+def _add_plot(commands) -> None:
+    plot = commands.add_parser("plot", help="draw a saved bench run (its JSONL records)")
+    plot.add_argument("records", help="the JSONL file of hf-speculators bench --out")
+    plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
+    plot.set_defaults(run=run_plot)
+
+
+def _add_presets(commands) -> None:
+    presets = commands.add_parser("presets", help="list the bundled presets (model cards) and their measured speed")
+    presets.set_defaults(run=run_presets)
+    show = presets.add_subparsers(dest="presets_command").add_parser("show", help="print a preset's whole card")
+    show.add_argument("name", help="a bundled preset (hf-speculators presets lists them)")
+    show.set_defaults(run=run_presets_show)
+
+
+def _add_export(commands) -> None:
+    export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
+    export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
+    export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
+    export.set_defaults(run=run_export)
 
 
 def _drafter(args, target, draft_model=None, draft_tokenizer=None):
@@ -209,13 +249,25 @@ def _timed_generate(model, inputs, **kwargs) -> tuple[torch.Tensor | object, flo
     return output, clock(model.device) - start
 
 
+def _placement(args) -> None:
+    """Resolves `--device auto` and `--dtype auto` in place (see `resolve_device` and `resolve_dtype`)."""
+    args.device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device)
+
+
+def _print_placement(model) -> None:
+    print(f"device: {model.device}, dtype: {str(model.dtype).removeprefix('torch.')}")
+
+
 def run_generate(args) -> int:
     config = config_from_args(args)
     target_name = config.target_model or DEMO_TARGET
     tokenizer = load_tokenizer(target_name)
+    chat = use_chat_template(tokenizer, args.chat, args.system)
     target = enable(load_model(target_name, args.dtype, args.device, quantization=args.quantization))
+    _print_placement(target)
     drafter, verifier = config.build(target, tokenizer)
-    inputs = tokenizer(args.prompt, return_tensors="pt").to(args.device)
+    inputs = encode_prompt(tokenizer, args.prompt, chat, args.system).to(target.device)
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
@@ -239,6 +291,7 @@ def _load_models(args, needs_draft: bool):
     if args.draft_quantization is not None and not needs_draft:
         raise ValueError("--draft-quantization quantizes the draft model, and no method chosen uses one.")
     target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
+    _print_placement(target)
     if not needs_draft:
         return target, None
     return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
@@ -252,15 +305,22 @@ def run_bench(args) -> int:
     if args.draft_vocab_size is not None and args.draft_vocab is None:
         raise ValueError("--draft-vocab-size takes the first ids of a token ranking: pass --draft-vocab as well.")
     draft_vocab = None if args.draft_vocab is None else ranked_draft_vocab(args.draft_vocab, args.draft_vocab_size)
+    chat = use_chat_template(tokenizer, args.chat, args.system)
+    if args.plot is not None:
+        pyplot()  # fail before the run, not after it, when matplotlib is missing
     target, draft = _load_models(args, needs_draft)
     result = run_benchmark(
         target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
         max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
-        draft_vocab=draft_vocab, num_draft_tokens_schedule=args.num_draft_tokens_schedule, variants=args.variants,
+        draft_vocab=draft_vocab, chat_template=chat, system_prompt=args.system,
+        num_draft_tokens_schedule=args.num_draft_tokens_schedule, variants=args.variants,
     )
     print(f"records: {args.out}")
+    if args.plot is not None:
+        plot_benchmark(result.records, args.plot)
+        print(f"plot: {args.plot}")
     return 0 if result.ok else 1
 
 
@@ -270,10 +330,11 @@ def run_sweep_command(args) -> int:
     verifiers = default_verifiers(args.typical_settings, args.top_k_settings)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
+    chat = use_chat_template(tokenizer, args.chat, args.system)
     target, draft = _load_models(args, args.method in DRAFT_MODEL_METHODS)
     drafter = _drafter(args, target, draft, load_tokenizer(args.draft) if draft is not None else None)
     points = run_sweep(target, tokenizer, prompts, drafter, verifiers, args.max_new_tokens, args.out,
-                       num_threads=args.threads)
+                       num_threads=args.threads, chat_template=chat, system_prompt=args.system)
     print(sweep_table(points))
     print(f"records: {args.out}")
     if not args.no_plot:
@@ -282,13 +343,43 @@ def run_sweep_command(args) -> int:
     return 0
 
 
+def _speedup(results: dict | None) -> str:
+    """The measured speedup of a card's results block, naming its baseline unless it is plain greedy decoding."""
+    if not results:
+        return "-"
+    baseline = results.get("baseline")
+    return f"{results['speedup']:.2f}x" + (f" vs {baseline}" if baseline else "")
+
+
 def run_presets(args) -> int:
-    presets = {name: SpeculativeConfig.from_pretrained(str(folder)) for name, folder in bundled_presets().items()}
-    width = max(map(len, presets), default=4)
-    print(f"{'name':<{width}}  {'method':<13}  {'target':<32}  draft")
-    for name, config in presets.items():
-        print(f"{name:<{width}}  {config.method:<13}  {config.target_model or '-':<32}  {config.draft_model or '-'}")
-        print(f"{'':<{width}}  source: {config.source or 'not stated'}")
+    rows = [("name", "method", "target", "speedup", "measured on")]
+    for name, folder in bundled_presets().items():
+        config = SpeculativeConfig.from_pretrained(str(folder))
+        results = card_results(folder / "README.md")
+        rows.append((name, config.method, config.target_model or "-", _speedup(results),
+                     results["hardware"] if results else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    print("\nspeedup: tokens/s over plain greedy decoding unless another baseline is named (the relaxed presets: "
+          "over exact verification with the same draft); hf-speculators presets show NAME prints a card with its "
+          "settings, sources and the command that measured it")
+    return 0
+
+
+def run_presets_show(args) -> int:
+    print(bundled_card(args.name).read_text(encoding="utf-8"), end="")
+    return 0
+
+
+def run_export(args) -> int:
+    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name)))
+    return 0
+
+
+def run_plot(args) -> int:
+    plot_benchmark(read_records(args.records), args.out)
+    print(f"plot: {args.out}")
     return 0
 
 
@@ -322,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "threads", None) is not None:  # `presets` has no --threads
         torch.set_num_threads(args.threads)
     try:
-        return args.run(args)
+        if hasattr(args, "device"):  # the commands that load models
+            _placement(args)
+        with quiet_third_party(getattr(args, "verbose", False)):
+            return args.run(args)
     except (ValueError, FileNotFoundError, OSError, ImportError) as error:
         print(f"hf-speculators {args.command}: error: {error}", file=sys.stderr)
         return 2

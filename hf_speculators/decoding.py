@@ -66,9 +66,33 @@ def _check_inputs(model, input_ids: torch.LongTensor, generation_config: Generat
         raise ValueError(f"Speculative generate does not support these model inputs: {unknown}.")
 
 
+@dataclass(frozen=True)
+class _Built:
+    """A drafter and verifier built from a config, and what they were built for (see `_from_config`)."""
+
+    settings: dict  # config.to_dict() when built: configs are mutable, so a snapshot, compared by value
+    device: str
+    dtype: torch.dtype
+    tokenizer: object  # compared by identity (tokenizers define no equality)
+    drafter: Drafter
+    verifier: Verifier | None
+
+
+# the model attribute that keeps the last `_Built` of `generate(speculative_config=...)`
+BUILT_ATTRIBUTE = "_hf_speculators_built"
+
+
 def _from_config(model, drafter, verifier, schedule, speculative_config, target_tokenizer) -> tuple:
     """The (drafter, verifier, schedule name) of the call: built from `speculative_config` when given; `verifier=`
-    and `num_draft_tokens_schedule=` win over the config's."""
+    and `num_draft_tokens_schedule=` win over the config's.
+
+    The build is kept on the model instance (`BUILT_ATTRIBUTE`) and reused while the config's fields, the model's
+    device and dtype and the tokenizer are the same, so a draft model loads once, not on every call. Kept on the
+    instance rather than in a `weakref.WeakKeyDictionary` keyed by the model: a drafter may hold the model (layer
+    skip drafts with its layers), and a weak-key entry whose value refers to its key is never freed; on the
+    instance it is an ordinary reference cycle that dies with the model. One build per model: a changed config
+    replaces it, so no draft model is held that no call uses any more.
+    """
     if speculative_config is None:
         return drafter, verifier, check_schedule(schedule)
     if drafter is not None:
@@ -81,8 +105,15 @@ def _from_config(model, drafter, verifier, schedule, speculative_config, target_
             f"SpeculativeConfig.from_pretrained('demo-prompt-lookup'); got {type(speculative_config).__name__}."
         )
     schedule = check_schedule(schedule if schedule is not None else speculative_config.num_draft_tokens_schedule)
-    drafter, config_verifier = speculative_config.build(model, target_tokenizer)
-    return drafter, verifier if verifier is not None else config_verifier, schedule
+    settings, device, dtype = speculative_config.to_dict(), str(model.device), model.dtype
+    built = model.__dict__.get(BUILT_ATTRIBUTE)
+    if built is None or (built.settings, built.device, built.dtype, built.tokenizer) != (
+            settings, device, dtype, target_tokenizer):
+        setattr(model, BUILT_ATTRIBUTE, None)  # free the previous draft model before loading the next one
+        drafter, config_verifier = speculative_config.build(model, target_tokenizer)
+        built = _Built(settings, device, dtype, target_tokenizer, drafter, config_verifier)
+        setattr(model, BUILT_ATTRIBUTE, built)
+    return built.drafter, verifier if verifier is not None else built.verifier, schedule
 
 
 class _SpeculativeDecoding:
@@ -223,8 +254,9 @@ def generate(
         target_tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for the drafter's
             vocabulary check; `enable(model)` maps `tokenizer=` here.
         speculative_config (`SpeculativeConfig`, *optional*): settings to build the drafter and verifier from,
-            instead of `candidate_generator`; an explicit `verifier=` overrides the config's verification. A draft
-            model is loaded on every call: to generate repeatedly, build once with `config.build(model)`.
+            instead of `candidate_generator`; an explicit `verifier=` overrides the config's verification. The
+            drafter is built on the first call and reused by later calls with equal settings on this model (a
+            changed config, tokenizer, device or dtype rebuilds it; it is kept on the model and dies with it).
         num_draft_tokens_schedule (`str`, *optional*): how many draft tokens each step asks for (a key of
             `hf_speculators.schedules.SCHEDULES`): `"constant"` (the default, or the config's): the drafter's
             `num_draft_tokens` every step; `"heuristic"`: transformers' `num_assistant_tokens_schedule="heuristic"`
@@ -275,16 +307,22 @@ def generate(
 
 
 def _take_stop_strings(model, kwargs: dict):
-    """Removes the stop strings from `kwargs` and the generation config (a copy), and returns them.
+    """Removes the stop strings from `kwargs` and the generation config, and returns them.
 
     transformers builds its `StopStringCriteria` only with a tokenizer, which it does not keep for custom
-    generate callables; the wrapper builds the criteria itself instead.
+    generate callables; the wrapper builds the criteria itself instead. A config that holds stop strings is
+    replaced by a copy without them, into which the call's generation arguments are merged: transformers
+    deprecates passing a `generation_config` together with generation arguments.
     """
     config = kwargs.get("generation_config") or model.generation_config
     stop_strings = kwargs.pop("stop_strings", None) or config.stop_strings
     if config.stop_strings:
-        kwargs["generation_config"] = copy.deepcopy(config)
-        kwargs["generation_config"].stop_strings = None
+        config = copy.deepcopy(config)
+        config.stop_strings = None
+        kwargs.pop("generation_config", None)
+        model_kwargs = config.update(**kwargs)  # sets the generation arguments, returns the others
+        kwargs.clear()
+        kwargs.update(model_kwargs, generation_config=config)
     return stop_strings
 
 

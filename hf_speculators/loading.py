@@ -13,6 +13,38 @@ DEMO_DRAFT = str(DEMO_DIR / "draft")
 # ids that name the bundled demo models wherever the package is installed (used by the demo presets)
 DEMO_IDS = {"hf_speculators/demo-target": DEMO_TARGET, "hf_speculators/demo-draft": DEMO_DRAFT}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+AUTO = "auto"  # --device and --dtype default: the best available device; the checkpoint's dtype on an accelerator
+
+
+def resolve_device(device: str = AUTO) -> str:
+    """The device to load onto: `"auto"` is the best available, CUDA, then MPS (Apple GPUs), then the CPU.
+
+    Args:
+        device (`str`, defaults to `"auto"`): `"auto"` or a torch device (`"cpu"`, `"cuda"`, `"cuda:1"`, `"mps"`),
+            returned unchanged.
+    """
+    if device != AUTO:
+        return device
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The dtype to load in: `"auto"` keeps the checkpoint's dtype (its `config.json`'s `dtype`, e.g. bfloat16) on an
+    accelerator and is `"float32"` on a CPU, where half-precision matmuls are slow or emulated; any other name of
+    `DTYPES` is returned unchanged.
+
+    Raises:
+        `ValueError`: a dtype that is not a key of `DTYPES`.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
+    if dtype == AUTO and torch.device(device).type == "cpu":
+        return "float32"
+    return dtype
 
 
 def resolve_model_id(name_or_path: str) -> str:
@@ -40,7 +72,8 @@ def _check_exists(name_or_path: str) -> None:
 
 def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None,
                quantization: str | None = None):
-    """Loads a causal LM in eval mode, quantized if asked.
+    """Loads a causal LM in eval mode, quantized if asked, with its weights read straight onto `device`
+    (`device_map={"": device}`: no copy is staged in CPU memory, so a model larger than the RAM loads onto a GPU).
 
     Args:
         name_or_path (`str`): a local folder, a Hub id (downloaded when a network is available), or a demo id
@@ -63,13 +96,12 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", r
         raise ValueError(f"Unknown dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
     name_or_path = resolve_model_id(name_or_path)
     _check_exists(name_or_path)
-    if quantization is None:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision)
-        return model.to(device).eval()
-    config = quantization_config(quantization, device, DTYPES[dtype] if dtype != "auto" else None)
-    with torch.device("meta"):  # the module structure, without weights, for the check
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path, revision=revision))
-    check_quantizable(skeleton, quantization, device)
+    config = None
+    if quantization is not None:
+        config = quantization_config(quantization, device, DTYPES[dtype] if dtype != "auto" else None)
+        with torch.device("meta"):  # the module structure, without weights, for the check
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path, revision=revision))
+        check_quantizable(skeleton, quantization, device)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision,
                                                  quantization_config=config, device_map={"": device})
     return model.eval()

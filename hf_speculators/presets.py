@@ -16,9 +16,12 @@ from huggingface_hub.errors import RemoteEntryNotFoundError
 from .drafters import DRAFTERS
 from .loading import DEMO_IDS, looks_local
 from .speculators_format import is_speculators_config, speculators_settings
-from .vllm_export import to_vllm
+from .vllm_export import llm_call, to_vllm
 
 CARD_KEY = "speculative_decoding"
+# the front-matter block of what a preset was measured to give (not settings: SpeculativeConfig ignores it):
+# speedup over `baseline` (default: plain greedy decoding), mean acceptance length, hardware and the command
+RESULTS_KEY = "speculative_decoding_results"
 CARD_TAGS = ["hf_speculators", "speculative-decoding"]
 PACKAGE_DIR = Path(__file__).parent
 
@@ -35,16 +38,38 @@ def bundled_presets() -> dict[str, Path]:
     return {card.parent.name: card.parent for card in sorted(bundled_presets_dir().glob("*/README.md"))}
 
 
-def _card_settings(path: Path) -> dict | None:
-    """The `speculative_decoding:` block of the model card at `path`, or `None` if it has none."""
+def _card_block(path: Path, key: str, contents: str) -> dict | None:
+    """The `key:` block (a mapping of `contents`) of the model card at `path`, or `None` if it has none."""
     try:
         card = ModelCard.load(path)
     except yaml.YAMLError as error:
         raise ValueError(f"{path}: malformed YAML front matter: {error}") from None
-    settings = card.data.to_dict().get(CARD_KEY)
-    if settings is not None and not isinstance(settings, dict):
-        raise ValueError(f"{path}: {CARD_KEY} must be a mapping of settings, got {settings!r}.")
-    return settings
+    block = card.data.to_dict().get(key)
+    if block is not None and not isinstance(block, dict):
+        raise ValueError(f"{path}: {key} must be a mapping of {contents}, got {block!r}.")
+    return block
+
+
+def _card_settings(path: Path) -> dict | None:
+    """The `speculative_decoding:` block of the model card at `path`, or `None` if it has none."""
+    return _card_block(path, CARD_KEY, "settings")
+
+
+def card_results(path: Path) -> dict | None:
+    """The `speculative_decoding_results:` block (`RESULTS_KEY`) of the model card at `path`, or `None`."""
+    return _card_block(path, RESULTS_KEY, "figures")
+
+
+def bundled_card(name: str) -> Path:
+    """The model card (README.md) of the bundled preset `name`.
+
+    Raises:
+        `ValueError`: a name that is not a bundled preset, listing them.
+    """
+    bundled = bundled_presets()
+    if name not in bundled:
+        raise ValueError(f"No bundled preset {name!r}: choose one of {', '.join(bundled)}.")
+    return bundled[name] / "README.md"
 
 
 def _config_json_settings(path: Path, name_or_path: str) -> dict | None:
@@ -143,7 +168,7 @@ def _vllm_section(config) -> list[str]:
     uses_demo = {config.target_model, config.draft_model} & set(DEMO_IDS)
     return [
         "```python", "from vllm import LLM", "",
-        f"llm = LLM(model={config.target_model or 'TARGET_MODEL'!r}, speculative_config={exported!r})", "```",
+        llm_call(config.target_model, exported), "```",
         *(demo_note if uses_demo else []), *(["", *notes] if notes else []),
     ]
 
@@ -155,14 +180,28 @@ def _build_note(config) -> list[str]:
             f"{', '.join(sorted(DRAFTERS))}); building raises a ValueError that says so.", ""]
 
 
-def card_text(config, name: str) -> str:
+def _results_section(results: dict | None) -> list[str]:
+    if not results:
+        return []
+    figures = f"{results['speedup']}x the tokens/s of {results.get('baseline', 'plain greedy decoding')}"
+    if results.get("mean_acceptance_length") is not None:
+        figures += f", mean acceptance length {results['mean_acceptance_length']} tokens per draft"
+    return ["## Measured speed", "", f"{figures}, on {results['hardware']}.", "",
+            f"Measured with `{results['command']}`.", ""]
+
+
+def card_text(config, name: str, results: dict | None = None) -> str:
     """A Hub-style model card: YAML front matter holding the config, and a body documenting it.
 
     Args:
         config (`SpeculativeConfig`): the settings.
         name (`str`): how users load the card: a bundled preset name, a folder or a Hub repo id.
+        results (`dict`, *optional*): what the preset was measured to give, kept in its own front-matter block
+            (`RESULTS_KEY`): `speedup`, `baseline` (default: plain greedy decoding), `mean_acceptance_length`,
+            `hardware` and `command`.
     """
-    metadata = ModelCardData(tags=CARD_TAGS, **{CARD_KEY: config.to_dict()})
+    blocks = {CARD_KEY: config.to_dict(), **({RESULTS_KEY: results} if results else {})}
+    metadata = ModelCardData(tags=CARD_TAGS, **blocks)
     target = f" for `{config.target_model}`" if config.target_model else ""
     body = [
         f"# Speculative decoding preset: {name}", "",
@@ -170,6 +209,7 @@ def card_text(config, name: str) -> str:
         "(speculative decoding inside transformers' `model.generate()`).", "",
         *_settings_table(config), "",
         "## Source of the recommended settings", "", config.source or "Not stated.", "",
+        *_results_section(results),
         *(["## Notes", "", config.notes, ""] if config.notes else []),
         "## Use", "", *_build_note(config), "```python", "import hf_speculators as hs", "",
         f"config = hs.SpeculativeConfig.from_pretrained({name!r})",

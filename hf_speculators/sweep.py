@@ -22,8 +22,10 @@ from typing import Sequence
 import torch
 
 from .benchmark import Prompt, _encode, _num_threads, _prompt_budget, _timed_generate
+from .chat import use_chat_template
 from .decoding import generate
 from .drafters import Drafter
+from .plotting import pyplot
 from .verifiers import ExactVerifier, TopKVerifier, TypicalVerifier, Verifier
 
 DEFAULT_TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.2, 0.4)
@@ -116,7 +118,8 @@ def run_sweep(
     out_path: str | Path | None = None,
     *,
     max_prompt_tokens: int = 1024,
-    chat_template: bool = False,
+    chat_template: bool | None = False,
+    system_prompt: str | None = None,
     num_threads: int | None = 1,
 ) -> list[SweepPoint]:
     """Runs greedy speculative decoding with `drafter` and each verifier on every prompt and pools the figures.
@@ -133,23 +136,25 @@ def run_sweep(
             `ExactVerifier` is put first if missing: its output is the reference.
         max_new_tokens (`int`, defaults to 128): tokens per call.
         out_path (`str` or `Path`, *optional*): JSONL file for the per-(prompt, setting) records.
-        max_prompt_tokens, chat_template, num_threads: as for `run_benchmark`.
+        max_prompt_tokens, chat_template, system_prompt, num_threads: as for `run_benchmark`.
 
     Returns:
         `list[SweepPoint]`, one per setting, exact first.
 
     Raises:
-        `ValueError`: no prompts, or what `generate` raises for the drafter or a setting.
+        `ValueError`: no prompts, `chat_template=True` or `system_prompt` without a chat template, or what
+            `generate` raises for the drafter or a setting.
     """
     verifiers = list(default_verifiers() if verifiers is None else verifiers)
     if not any(isinstance(v, ExactVerifier) for v in verifiers):
         verifiers.insert(0, ExactVerifier())
     verifiers.sort(key=lambda v: not isinstance(v, ExactVerifier))  # the exact output is the reference: first
+    chat_template = use_chat_template(tokenizer, chat_template, system_prompt)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to sweep: pass at least one (see load_prompts).")
     budget = _prompt_budget((target,), max_prompt_tokens, max_new_tokens)
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device)[0] for p in prompts]
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt)[0] for p in prompts]
     kwargs = {v: {"custom_generate": generate, "candidate_generator": drafter, "verifier": v} for v in verifiers}
     records: dict[Verifier, list[dict]] = {v: [] for v in verifiers}
     with _num_threads(num_threads):
@@ -178,22 +183,6 @@ def sweep_table(points: Sequence[SweepPoint]) -> str:
         f"{p.relative_log_likelihood:>+10.3f}{p.identical_share:>11.1%}" for p in points
     ]
     return "\n".join(rows)
-
-
-def pyplot():
-    """matplotlib's `pyplot` with the file-only Agg backend.
-
-    Raises:
-        `ImportError`: without matplotlib (`pip install "hf_speculators[plot]"`).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError('Plotting the sweep needs matplotlib: pip install "hf_speculators[plot]".') from error
-    return plt
 
 
 def plot_sweep(points: Sequence[SweepPoint], path: str | Path) -> None:

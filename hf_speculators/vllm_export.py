@@ -1,5 +1,7 @@
 """Exporting a `SpeculativeConfig` as the `speculative_config` dict that vLLM's `LLM(...)` and `vllm serve` take."""
 
+import json
+import shlex
 import warnings
 
 from .loading import resolve_model_id
@@ -90,3 +92,23 @@ def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
             f"num_speculative_tokens={num_draft_tokens} tokens every step (a fixed length). Lower num_draft_tokens "
             "for vLLM if that length is too long for a fixed schedule.", UserWarning, stacklevel=3,
         )
+
+
+def llm_call(target: str | None, speculative_config: dict) -> str:
+    """The Python line that builds vLLM's engine for `target` with `speculative_config` (`TARGET_MODEL` if unset)."""
+    return f"llm = LLM(model={target or 'TARGET_MODEL'!r}, speculative_config={speculative_config!r})"
+
+
+def vllm_commands(config) -> str:
+    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
+    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
+    unset).
+
+    Raises:
+        `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
+    """
+    exported = to_vllm(config)
+    target = resolve_model_id(config.target_model) if config.target_model else None
+    serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
+    return "\n".join(["# command line (an OpenAI-compatible server)", serve, "", "# Python",
+                      "from vllm import LLM", "", llm_call(target, exported)])

@@ -15,7 +15,7 @@ import hf_speculators as hs  # noqa: E402
 from hf_speculators import cli  # noqa: E402
 from hf_speculators.drafters import DRAFTERS  # noqa: E402
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer  # noqa: E402
-from hf_speculators.presets import bundled_presets, bundled_presets_dir, card_text  # noqa: E402
+from hf_speculators.presets import bundled_presets, bundled_presets_dir, card_results, card_text  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
 OTHER_WORDS = "one two three four five six seven eight nine ten".split()
@@ -95,7 +95,8 @@ def test_the_bundled_presets_are_the_repository_cards():
 def test_every_card_states_its_source_and_is_the_card_its_config_writes(name):
     config = hs.SpeculativeConfig.from_pretrained(name)
     assert config.source and config.target_model
-    assert (REPO_CARDS / name / "README.md").read_text(encoding="utf-8") == card_text(config, name=name)
+    card = REPO_CARDS / name / "README.md"
+    assert card.read_text(encoding="utf-8") == card_text(config, name=name, results=card_results(card))
 
 
 @pytest.mark.parametrize("name", sorted(bundled_presets()))
@@ -288,9 +289,15 @@ def test_cli_generate_reports_a_preset_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_cli_presets_lists_every_bundled_preset(capsys):
+def test_cli_presets_lists_every_bundled_preset_on_one_line(capsys):
     assert cli.main(["presets"]) == 0
-    out = capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
     for name in bundled_presets():
         config = hs.SpeculativeConfig.from_pretrained(name)
-        assert name in out and config.method in out and config.target_model in out and config.source in out
+        results = card_results(REPO_CARDS / name / "README.md")
+        (line,) = [line for line in lines if line.startswith(name + " ")]
+        assert config.method in line and config.target_model in line
+        if results is None:
+            assert line.split()[-2:] == ["-", "-"]
+        else:
+            assert f"{results['speedup']:.2f}x" in line and line.endswith(results["hardware"])
