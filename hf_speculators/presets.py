@@ -5,7 +5,6 @@ This module finds the settings of a preset (a local card, a bundled card, a Hub 
 """
 
 import json
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from huggingface_hub.errors import RemoteEntryNotFoundError
 from .drafters import DRAFTERS
 from .loading import DEMO_IDS, looks_local
 from .speculators_format import is_speculators_config, speculators_settings
-from .vllm_export import llm_call, to_vllm
+from .vllm_export import llm_call, to_vllm_with_notes
 
 CARD_KEY = "speculative_decoding"
 # the front-matter block of what a preset was measured to give (not settings: SpeculativeConfig ignores it):
@@ -157,12 +156,10 @@ def _settings_table(config) -> list[str]:
 def _vllm_section(config) -> list[str]:
     """vLLM code running the same method, or why there is none (demo ids kept: a card holds no local paths)."""
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            exported = to_vllm(config, resolve_ids=False)
+        exported, notes = to_vllm_with_notes(config, resolve_ids=False)
     except ValueError as error:
         return [f"Not exportable: {error}"]
-    notes = [f"Note: {warning.message}" for warning in caught]
+    notes = [f"Note: {note}" for note in notes]
     demo_note = ["", "vLLM needs the folders of `hf_speculators/demo-*` ids: `config.to_vllm()` and "
                  "`hf_speculators.loading.resolve_model_id` give them."]
     uses_demo = {config.target_model, config.draft_model} & set(DEMO_IDS)

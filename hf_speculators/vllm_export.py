@@ -94,6 +94,14 @@ def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
         )
 
 
+def to_vllm_with_notes(config, resolve_ids: bool = True) -> tuple[dict, list[str]]:
+    """`to_vllm(config, resolve_ids)` and the messages of the warnings it gave (what was left out), for printing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = to_vllm(config, resolve_ids)
+    return exported, [str(warning.message) for warning in caught]
+
+
 def llm_call(target: str | None, speculative_config: dict) -> str:
     """The Python line that builds vLLM's engine for `target` with `speculative_config` (`TARGET_MODEL` if unset)."""
     return f"llm = LLM(model={target or 'TARGET_MODEL'!r}, speculative_config={speculative_config!r})"
@@ -107,8 +115,8 @@ def vllm_commands(config) -> str:
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    exported = to_vllm(config)
+    exported, notes = to_vllm_with_notes(config)
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
-    return "\n".join(["# command line (an OpenAI-compatible server)", serve, "", "# Python",
-                      "from vllm import LLM", "", llm_call(target, exported)])
+    return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,
+                      "", "# Python", "from vllm import LLM", "", llm_call(target, exported)])
