@@ -337,3 +337,14 @@ def test_cli_schedule_flags_and_defaults():
     assert bench_args.num_draft_tokens_schedule == "goodput"
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--prompts", "p.jsonl", "--num-draft-tokens-schedule", "adaptive"])
+
+
+def test_a_probe_that_finds_nothing_to_draft_keeps_the_wait():
+    schedule = GoodputSchedule(BOUND, explore_interval=None, probe_interval=4)
+    simulate_steps(schedule, 12, lambda i: 0.0, draft_cost=0.003, verify_intercept=0.01, verify_slope=0.001,
+                   rng=random.Random(0))
+    while not schedule.probing:
+        schedule.update(0, 0, 0, 0, 0.0, 0.011)
+    interval = schedule.probe_interval
+    schedule.update(schedule.draft_length, 0, 0, 0, 1e-5, 0.011)  # prompt lookup found no match: an empty draft
+    assert schedule.probe_interval == interval

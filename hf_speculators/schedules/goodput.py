@@ -5,12 +5,12 @@ of Leviathan et al. 2023 measured instead of assumed):
 
     goodput(k) = E[tokens committed | k] / E[seconds of a step | k]
     E[tokens | k]  = 1 + sum_{i<k} Q_i * c_0 * ... * c_i               (bonus or recovered token included)
-    E[seconds | k] = draft(d_k) + verify(1 + r * d_k),  d_k = sum_{i<k} Q_i,   and plain(1) for k = 0
+    E[seconds | k] = draft(d_k) + verify(1 + r * d_k),  d_k = sum_{i<k} Q_i    (k = 0: verify(1), a plain step)
 
 with c_i the acceptance rate at draft position (tree: depth) i given that every earlier position was accepted,
 Q_i how often a draft asked for more than i tokens has a token at position i (prompt lookup may find fewer),
-r the draft's nodes per depth (1 for a chain), `draft` and `verify` straight lines fitted to the steps' seconds
-against tokens drafted and tokens scored, and `plain` the measured seconds of a step without a draft. Every
+r the draft's nodes per depth (1 for a chain), and `draft` and `verify` straight lines fitted to the steps' seconds
+against tokens drafted and tokens scored (a plain step is a point of the verification line at one token). Every
 estimate is an exponential moving average over the call's steps with a prior, so the first steps are sane.
 """
 
@@ -102,10 +102,10 @@ class GoodputSchedule(DraftLengthSchedule):
     The estimates (module docstring) come from this call's own steps: acceptance per draft position, the seconds
     of drafting and of verification measured by the loop's existing clock reads (no extra device synchronization).
     k = 0 runs a plain one-token step; while there, a probe step drafts again now and then (the best k >= 1) so a
-    call that started badly can recover; a probe that gets nothing accepted doubles the wait for the next one.
+    call that started badly can recover; a probe whose draft gets nothing accepted doubles the wait for the next one.
     Every `explore_interval` drafted steps, one step uses a neighbouring length (k - 1, then k + 1), so that the
-    costs (a plain step's too) and the acceptance one position further are measured, not only assumed. The first step drafts
-    `num_draft_tokens` (nothing is measured yet).
+    costs at other lengths and the acceptance one position further are measured, not only assumed. The first step
+    drafts `num_draft_tokens` (nothing is measured yet).
 
     Args:
         num_draft_tokens (`int`): the upper bound on the draft length.
@@ -147,25 +147,31 @@ class GoodputSchedule(DraftLengthSchedule):
                verify_seconds: float) -> None:
         if draft_length > 0:
             self._observe_acceptance(min(draft_length, self.num_draft_tokens), depth, num_accepted)
-        if num_nodes == 0:
+        if num_nodes == 0:  # a plain step
             self.plain_cost.add(draft_seconds + verify_seconds)
         else:
             self.draft_cost.add(depth, draft_seconds)
             self.verify_cost.add(num_nodes + 1, verify_seconds)
             self.nodes_per_depth.add(num_nodes / depth)
-        if self.probing:
+        if self.probing and num_nodes:  # a probe that found nothing to draft (prompt lookup) says nothing
             self.probe_interval = (self.base_probe_interval if num_accepted else
                                    min(2 * self.probe_interval, self.max_probe_interval))
         self.draft_length = self._next_length()
 
     def _observe_acceptance(self, asked: int, depth: int, num_accepted: int) -> None:
-        m = self.memory
+        """Updates the counts of the positions the step asked for; the positions beyond decay four times as fast,
+        so that one a short draft length leaves unobserved soon returns to its prior (the estimate one position
+        earlier) instead of keeping an unlucky old estimate that would keep the draft length short."""
+        m, num_reached = self.memory, min(num_accepted + 1, depth)  # reached: the accepted and the first rejected
         for i in range(asked):
             self.asked[i] = m * self.asked[i] + 1.0
             self.present[i] = m * self.present[i] + (i < depth)
-        for i in range(min(num_accepted + 1, depth)):  # positions reached: the accepted ones and the first rejected
-            self.reached[i] = m * self.reached[i] + 1.0
+            self.reached[i] = m * self.reached[i] + (i < num_reached)
             self.accepted[i] = m * self.accepted[i] + (i < num_accepted)
+        fast = m**4
+        for i in range(asked, self.num_draft_tokens):
+            self.asked[i], self.present[i] = fast * self.asked[i], fast * self.present[i]
+            self.reached[i], self.accepted[i] = fast * self.reached[i], fast * self.accepted[i]
 
     def expected_goodput(self) -> list[float]:
         """Entry k: the expected tokens per second of a step with draft length k, for k in `0..num_draft_tokens`."""
@@ -188,7 +194,7 @@ class GoodputSchedule(DraftLengthSchedule):
         return rates
 
     def _next_length(self) -> int:
-        if not self.verify_cost.fitted:  # no draft measured yet (e.g. prompt lookup found nothing so far)
+        if not self.draft_cost.fitted:  # no draft measured yet (e.g. prompt lookup found nothing so far)
             return self.num_draft_tokens
         rates = self.expected_goodput()
         best = max(range(len(rates)), key=rates.__getitem__)
