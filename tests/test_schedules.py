@@ -19,6 +19,7 @@ from speculative_helpers import assert_cache_matches_sequence, assert_same_token
 from test_lossless import START_TOKEN, VOCAB, draft_chain, statistics, target_scores
 
 MAX_NEW_TOKENS = 40
+PROMPT_REPETITIVE = prompt_ids("repetitive")[0].tolist()
 BOUND = 6
 
 
@@ -348,3 +349,15 @@ def test_a_probe_that_finds_nothing_to_draft_keeps_the_wait():
     interval = schedule.probe_interval
     schedule.update(schedule.draft_length, 0, 0, 0, 1e-5, 0.011)  # prompt lookup found no match: an empty draft
     assert schedule.probe_interval == interval
+
+
+def test_goodput_sampling_runs_and_heuristic_sampling_stays_reproducible(zoo):
+    def sampled(schedule: str, seed: int) -> list[int]:
+        out = zoo.target("llama").generate(
+            prompt_ids("repetitive"), custom_generate=hs.generate, do_sample=True, top_k=0, max_new_tokens=20,
+            candidate_generator=make_drafter("noisy_draft_model", 4, zoo, "llama"), num_draft_tokens_schedule=schedule,
+            generator=torch.Generator().manual_seed(seed))
+        return out[0].tolist()
+
+    assert len(PROMPT_REPETITIVE) < len(sampled("goodput", 0)) <= len(PROMPT_REPETITIVE) + 20
+    assert sampled("heuristic", 1) == sampled("heuristic", 1)
