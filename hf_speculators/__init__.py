@@ -8,6 +8,7 @@ from .drafters import (
     PromptLookupDrafter, StaticTree, TreeDrafter,
 )
 from .metrics import SpeculativeStats
+from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
 from .tree import TokenTree
 from .types import Draft, Verdict
 from .verifiers import (
@@ -24,8 +25,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DRAFTERS",
+    "SCHEDULES",
     "VERIFIERS",
     "Draft",
+    "DraftLengthSchedule",
     "DraftModelDrafter",
     "Drafter",
     "EagleDrafter",
@@ -33,6 +36,7 @@ __all__ = [
     "MedusaDrafter",
     "DynamicTree",
     "ExactVerifier",
+    "GoodputSchedule",
     "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",

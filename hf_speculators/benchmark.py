@@ -19,7 +19,8 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   modules run on their own by layer skip (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
-    drafter, verifier                             `SpeculativeStats` figures; null for methods that give none
+    drafter, verifier, draft_lengths, num_steps_without_draft
+                                                  `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
     provenance                                    the run: git commit, versions, device, dtype, threads, models and
                                                   their quantization configs, settings and timestamp (the same
@@ -48,6 +49,7 @@ from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
 from .metrics import SpeculativeStats, clock
 from .quantization import quantization_settings
+from .schedules import check_schedule
 from .verifiers import resolve_verifier
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
@@ -66,7 +68,7 @@ PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assista
 STATS_FIELDS = (
     "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_draft_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
-    "drafter", "verifier",
+    "drafter", "verifier", "draft_lengths", "num_steps_without_draft",
 )
 
 
@@ -191,6 +193,8 @@ class BenchmarkResult:
             ("share of wall time outside model forwards", "outside_forwards", "{:.1%}"),
             ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio",
              "{:.3f}"),
+            ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length",
+             "{:.2f}"),
         ]
         lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
@@ -224,7 +228,7 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     Returns:
         `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
         "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
-        "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
+        "mean_draft_length", "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
         records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
         time per draft token over plain decoding's time per token (Leviathan et al.'s c).
     """
@@ -254,6 +258,7 @@ def _summarize_method(records: list[dict]) -> dict:
         accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
     )
     num_draft_tokens = sum(r["num_draft_tokens"] for r in with_stats)
+    draft_lengths = _sum_lists(r.get("draft_lengths") or [] for r in with_stats)
     return {
         "num_prompts": len(records),
         "new_tokens": new_tokens,
@@ -264,6 +269,8 @@ def _summarize_method(records: list[dict]) -> dict:
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
         "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
+        "mean_draft_length": sum(k * n for k, n in enumerate(draft_lengths)) / sum(draft_lengths)
+        if draft_lengths else None,
         "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
     }
 
@@ -298,7 +305,7 @@ def _check_methods(methods: Sequence[str], draft, exit_layer: int | None, heads:
     return chosen
 
 
-def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier,
+def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier, schedule,
                      drafter_options) -> dict:
     """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
     if method == "hf-prompt-lookup":
@@ -310,8 +317,25 @@ def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngra
     if method in speculative_methods.METHODS:
         drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
                                                    max_ngram_size=max_ngram_size, target=target, **drafter_options)
-        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier}
+        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier,
+                "num_draft_tokens_schedule": schedule}
     return {}
+
+
+def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
+    """The benchmark name of `method` run with `num_draft_tokens` under `schedule`, e.g. `draft-model[k=3]` or
+    `draft-model[goodput,k<=6]` (the bound) or `draft-model[heuristic,k=5]` (the starting length)."""
+    if schedule == "constant":
+        return f"{method}[k={num_draft_tokens}]"
+    return f"{method}[{schedule},k{'<=' if schedule == 'goodput' else '='}{num_draft_tokens}]"
+
+
+def _variants(method: str, num_draft_tokens: int, schedule: str, variants) -> list[tuple[str, int, str]]:
+    """`(name, num_draft_tokens, schedule)` of each run of `method`: one per variant for our methods when
+    `variants` is given, else the method itself with the run's settings."""
+    if variants is None or method not in speculative_methods.METHODS:
+        return [(method, num_draft_tokens, schedule)]
+    return [(variant_label(method, k, check_schedule(name)), k, name) for k, name in variants]
 
 
 @contextmanager
@@ -522,6 +546,8 @@ def run_benchmark(
     draft_vocab=None,
     eagle_head: str | None = None,
     medusa_head: str | None = None,
+    num_draft_tokens_schedule: str | None = None,
+    variants: Sequence[tuple[int, str]] | None = None,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -588,6 +614,12 @@ def run_benchmark(
             give its size as `draft_vocab_size`.
         eagle_head, medusa_head (`str`, *optional*): the draft head checkpoints (folder, demo id or Hub id) of
             `"eagle3"` / `"eagle3-tree"` and `"medusa"` / `"medusa-tree"` (required by them).
+        num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (`"constant"`, the
+            default, `"heuristic"` or `"goodput"`, which takes `num_draft_tokens` as its bound); see
+            `hf_speculators.generate`.
+        variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our
+            methods then runs once per pair, side by side, named by `variant_label` (e.g. `draft-model[k=3]`,
+            `draft-model[goodput,k<=6]`); transformers' methods keep `num_draft_tokens`.
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -596,7 +628,8 @@ def run_benchmark(
     Raises:
         `ImportError`: a self-draft method whose quantization library is not installed.
         `ValueError`: for an unknown method or verifier, a draft method without `draft`, an exit-layer method
-            without `exit_layer`, a self-draft method that cannot quantize `target` (see
+            without `exit_layer`, an unknown `num_draft_tokens_schedule`, a self-draft method that cannot quantize
+            `target` (see
             `DraftModelDrafter.from_target`), no prompts, a size below 1
             (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
             or `system_prompt` without a chat template (see `hf_speculators.chat.use_chat_template`), a prompt of no tokens, or `max_new_tokens` at or over the position limit.
@@ -606,12 +639,14 @@ def run_benchmark(
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
-    for name, value in (("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
-                        ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)):
+    sizes = [("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
+             ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)]
+    for name, value in sizes + [("num_draft_tokens", k) for k, _ in variants or ()]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
+    schedule = check_schedule(num_draft_tokens_schedule)
     drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
                        "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
                        "draft_vocab": draft_vocab, "eagle_head": eagle_head, "medusa_head": medusa_head}
@@ -619,11 +654,12 @@ def run_benchmark(
     settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
                 "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
                 "system_prompt": system_prompt,
-                "verifier": repr(verifier), **recorded_options,
+                "verifier": repr(verifier), "num_draft_tokens_schedule": schedule,
+                "variants": None if variants is None else [list(v) for v in variants], **recorded_options,
                 "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt) for p in prompts]
-    kwargs = {m: _generate_kwargs(m, target, draft, num_draft_tokens, max_ngram_size, verifier, drafter_options)
-              for m in methods}
+    kwargs = {label: _generate_kwargs(m, target, draft, k, max_ngram_size, verifier, name, drafter_options)
+              for m in methods for label, k, name in _variants(m, num_draft_tokens, schedule, variants)}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:

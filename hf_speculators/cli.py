@@ -25,6 +25,7 @@ from .plotting import plot_benchmark, pyplot, read_records
 from .presets import bundled_card, bundled_presets, card_results
 from .quantization import QUANTIZATIONS
 from .quiet import quiet_third_party
+from .schedules import SCHEDULES
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -39,6 +40,7 @@ from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-draft-model"
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
+DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -71,6 +73,13 @@ def _add_chat_options(parser: argparse.ArgumentParser) -> None:
                         help="wrap the prompt in the tokenizer's chat template with a generation prompt (default: "
                              "when the tokenizer has one, as instruct models do)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="a system turn before the prompt (--chat)")
+
+
+def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--num-draft-tokens-schedule", choices=sorted(SCHEDULES), default=None,
+                        help="each step's draft length: constant (--num-draft-tokens every step), heuristic "
+                             "(transformers' +2/-1 rule) or goodput (0 to --num-draft-tokens, the most tokens per "
+                             f"second measured during the call) (default: {default})")
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +117,15 @@ def _top_k_settings(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
 
 
+def _variant_list(text: str) -> list[tuple[int, str]]:
+    """`"1,2,goodput:6"` -> `[(1, "constant"), (2, "constant"), (6, "goodput")]`."""
+    try:
+        return [(int(item), "constant") if ":" not in item else (int(item.split(":")[1]), item.split(":")[0])
+                for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated K or SCHEDULE:K items, got {text!r}") from None
+
+
 def _add_generate(commands) -> None:
     gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
     gen.add_argument("prompt")
@@ -115,6 +133,7 @@ def _add_generate(commands) -> None:
                      help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
                           "the flags below override its settings")
     _add_model_options(gen, threads=None, from_preset=True)
+    _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
     gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
     gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
     gen.add_argument("--confidence-threshold", type=float, default=None,
@@ -140,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
     _add_prompt_options(bench)
     _add_model_options(bench, threads=1, from_preset=False)
+    _add_schedule_option(bench, "constant")
+    bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
+                       help="run each of our methods once per item, side by side: K draft tokens every step, or "
+                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6)")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
@@ -219,7 +242,7 @@ def config_from_args(args) -> SpeculativeConfig:
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
         "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
         "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
-        "draft_vocab_size": args.draft_vocab_size,
+        "draft_vocab_size": args.draft_vocab_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
@@ -254,6 +277,7 @@ def run_generate(args) -> int:
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
     speculative = dict(candidate_generator=drafter, verifier=verifier, tokenizer=tokenizer,
+                       num_draft_tokens_schedule=config.num_draft_tokens_schedule or DEFAULT_GENERATE_SCHEDULE,
                        return_dict_in_generate=True)
     for options in ({}, speculative):  # warm-up, untimed
         target.generate(**inputs, **{**common, "max_new_tokens": 4}, **options)
@@ -296,7 +320,8 @@ def run_bench(args) -> int:
         num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
         draft_vocab=draft_vocab, chat_template=chat, system_prompt=args.system, eagle_head=args.eagle_head,
-        medusa_head=args.medusa_head,
+        medusa_head=args.medusa_head, num_draft_tokens_schedule=args.num_draft_tokens_schedule,
+        variants=args.variants,
     )
     print(f"records: {args.out}")
     if args.plot is not None:
@@ -384,6 +409,8 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     print(f"mean acceptance length: {stats.mean_acceptance_length:.2f} tokens per draft "
           f"(acceptance rate {stats.acceptance_rate:.2f}, {stats.num_target_forwards} target forwards)")
     print(f"identical to plain greedy: {identical}")
+    lengths = ", ".join(f"{k}: {n}" for k, n in enumerate(stats.draft_lengths) if n)
+    print(f"draft lengths (tokens asked: steps): {lengths}; {stats.num_steps_without_draft} steps without a draft")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from .build import VERIFIER_PARAMS, build
 from .drafters import DRAFTERS
 from .drafters.prompt_lookup import MATCH_RULES
 from .quantization import QUANTIZATIONS
+from .schedules import SCHEDULES
 from .speculators_format import SPECULATORS_TYPES
 from .verifiers import VERIFIERS
 from .vllm_export import to_vllm
@@ -78,7 +79,12 @@ class SpeculativeConfig:
             `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), and methods that load
             as a config but cannot be built in this version (the speculators drafter types in
             `SPECULATORS_TYPES`).
-        num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1.
+        num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1; under the `"goodput"`
+            schedule the most a step drafts.
+        num_draft_tokens_schedule (`str`, *optional*): how each step's draft length is chosen, a key of
+            `SCHEDULES`: `"constant"` (unset means constant), `"heuristic"` (transformers' +2/-1 rule) or
+            `"goodput"` (the length of the highest expected tokens per second, measured during the call; 0 to
+            `num_draft_tokens`); see `hf_speculators.generate`. For a tree it chooses the depth.
         max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
         num_candidates (`int`, *optional*): prompt lookup's continuations merged into one token tree (1: a chain).
         prefer (`str`, *optional*): prompt lookup's match rule among earlier occurrences, `"latest"` or
@@ -118,6 +124,7 @@ class SpeculativeConfig:
 
     method: str = "prompt-lookup"
     num_draft_tokens: int | None = None
+    num_draft_tokens_schedule: str | None = None
     max_ngram_size: int | None = None
     min_ngram_size: int | None = None
     num_candidates: int | None = None
@@ -152,6 +159,8 @@ class SpeculativeConfig:
                       high_included=False)
         if self.prefer is not None and self.prefer not in MATCH_RULES:
             _fail("prefer", f"one of {MATCH_RULES}", self.prefer)
+        if self.num_draft_tokens_schedule is not None and self.num_draft_tokens_schedule not in SCHEDULES:
+            _fail("num_draft_tokens_schedule", f"one of {sorted(SCHEDULES)}", self.num_draft_tokens_schedule)
         if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:
             _fail("draft_quantization", f"one of {QUANTIZATIONS}", self.draft_quantization)
         if self.tree is not None and not isinstance(self.tree, dict):

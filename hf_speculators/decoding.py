@@ -13,6 +13,7 @@ from .config import SpeculativeConfig
 from .drafters import Drafter
 from .metrics import SpeculativeStats, clock
 from .sampling import process_logits
+from .schedules import DraftLengthSchedule, check_schedule, make_schedule
 from .tree import TokenTree
 from .types import Draft
 from .verifiers import Verifier, resolve_verifier
@@ -80,8 +81,9 @@ class _Built:
 BUILT_ATTRIBUTE = "_hf_speculators_built"
 
 
-def _from_config(model, drafter, verifier, speculative_config, target_tokenizer) -> tuple:
-    """The (drafter, verifier) of the call: built from `speculative_config` when given; `verifier=` wins.
+def _from_config(model, drafter, verifier, schedule, speculative_config, target_tokenizer) -> tuple:
+    """The (drafter, verifier, schedule name) of the call: built from `speculative_config` when given; `verifier=`
+    and `num_draft_tokens_schedule=` win over the config's.
 
     The build is kept on the model instance (`BUILT_ATTRIBUTE`) and reused while the config's fields, the model's
     device and dtype and the tokenizer are the same, so a draft model loads once, not on every call. Kept on the
@@ -91,7 +93,7 @@ def _from_config(model, drafter, verifier, speculative_config, target_tokenizer)
     replaces it, so no draft model is held that no call uses any more.
     """
     if speculative_config is None:
-        return drafter, verifier
+        return drafter, verifier, check_schedule(schedule)
     if drafter is not None:
         raise ValueError(
             "Pass either candidate_generator= (a drafter) or speculative_config= (settings to build one), not both."
@@ -101,6 +103,7 @@ def _from_config(model, drafter, verifier, speculative_config, target_tokenizer)
             "speculative_config= must be a hf_speculators.SpeculativeConfig, e.g. "
             f"SpeculativeConfig.from_pretrained('demo-prompt-lookup'); got {type(speculative_config).__name__}."
         )
+    schedule = check_schedule(schedule if schedule is not None else speculative_config.num_draft_tokens_schedule)
     settings, device, dtype = speculative_config.to_dict(), str(model.device), model.dtype
     built = model.__dict__.get(BUILT_ATTRIBUTE)
     if built is None or (built.settings, built.device, built.dtype, built.tokenizer) != (
@@ -109,15 +112,15 @@ def _from_config(model, drafter, verifier, speculative_config, target_tokenizer)
         drafter, config_verifier = speculative_config.build(model, target_tokenizer)
         built = _Built(settings, device, dtype, target_tokenizer, drafter, config_verifier)
         setattr(model, BUILT_ATTRIBUTE, built)
-    return built.drafter, verifier if verifier is not None else built.verifier
+    return built.drafter, verifier if verifier is not None else built.verifier, schedule
 
 
 class _SpeculativeDecoding:
     """The state of one speculative generate call: models, cache, processors, stats and optional outputs."""
 
-    def __init__(self, model, drafter: Drafter, verifier: Verifier, cache, generation_config, logits_processor,
-                 stopping_criteria, generator, streamer):
-        self.model, self.drafter, self.verifier, self.cache = model, drafter, verifier, cache
+    def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule, cache,
+                 generation_config, logits_processor, stopping_criteria, generator, streamer):
+        self.model, self.drafter, self.verifier, self.schedule, self.cache = model, drafter, verifier, schedule, cache
         self.generation_config, self.generator, self.streamer = generation_config, generator, streamer
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
@@ -144,10 +147,10 @@ class _SpeculativeDecoding:
 
     def step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, bool]:
         """One step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
-        # 1. draft, no deeper than the length budget leaves room for (the next token takes one place)
+        # 1. draft as deep as the schedule says and the length budget leaves room for (the next token takes one place)
         start = self._clock()
         num_cached = self.cache.get_seq_length()  # before drafting: a drafter may write into the cache (layer skip)
-        budget = min(self.drafter.num_draft_tokens, self.generation_config.max_length - input_ids.shape[1] - 1)
+        budget = min(self.schedule.draft_length, self.generation_config.max_length - input_ids.shape[1] - 1)
         draft = self.drafter.propose(input_ids, budget) if budget > 0 else Draft.empty(input_ids.device)
         tree = draft.tree  # a chain is the tree whose every node has one child
         if not tree.is_chain:
@@ -169,8 +172,13 @@ class _SpeculativeDecoding:
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
         rows = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the row of scores of each new token
         input_ids, committed, finished = self._commit(input_ids, new_tokens, rows, scores, logits)
-        self.stats.verify_time += self._clock() - verify_start
-        self.stats.record(draft.num_nodes, min(verdict.num_accepted, committed), committed, depth=tree.depth)
+        end = self._clock()
+        self.stats.verify_time += end - verify_start
+        self.stats.record(draft.num_nodes, min(verdict.num_accepted, committed), committed, depth=tree.depth,
+                          draft_length=budget)
+        # 7. the schedule learns from what this step cost and accepted (timings from the clock reads above)
+        self.schedule.update(budget, draft.num_nodes, tree.depth, verdict.num_accepted, verify_start - start,
+                             end - verify_start)
         return input_ids, finished
 
     def _commit(self, input_ids, new_tokens, rows, scores, logits) -> tuple[torch.LongTensor, int, bool]:
@@ -219,6 +227,7 @@ def generate(
     speculative_streamer=None,
     target_tokenizer=None,
     speculative_config: SpeculativeConfig | None = None,
+    num_draft_tokens_schedule: str | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """Speculative decoding with the `custom_generate` signature of transformers' `generate`.
@@ -250,6 +259,12 @@ def generate(
             instead of `candidate_generator`; an explicit `verifier=` overrides the config's verification. The
             drafter is built on the first call and reused by later calls with equal settings on this model (a
             changed config, tokenizer, device or dtype rebuilds it; it is kept on the model and dies with it).
+        num_draft_tokens_schedule (`str`, *optional*): how many draft tokens each step asks for (a key of
+            `hf_speculators.schedules.SCHEDULES`): `"constant"` (the default, or the config's): the drafter's
+            `num_draft_tokens` every step; `"heuristic"`: transformers' `num_assistant_tokens_schedule="heuristic"`
+            rule (+2 after a fully accepted draft, -1 otherwise, from `num_draft_tokens`); `"goodput"`: the length
+            in `0..num_draft_tokens` of the highest expected tokens per second, from the acceptance and costs
+            measured during the call (0: a plain one-token step). For a tree it is the depth.
 
     Returns:
         `torch.LongTensor` of shape `(1, sequence_length + new_tokens)`, or with `return_dict_in_generate=True`
@@ -257,7 +272,8 @@ def generate(
 
     Raises:
         `ValueError`: before any forward, for a missing drafter, both a drafter and a speculative config, a
-            config that cannot be built (see `SpeculativeConfig.build`), batch size > 1, beam search,
+            config that cannot be built (see `SpeculativeConfig.build`), an unknown `num_draft_tokens_schedule`,
+            batch size > 1, beam search,
             `num_return_sequences > 1`, an empty or padded prompt, a static cache, an unknown verifier, a
             verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
     """
@@ -269,16 +285,17 @@ def generate(
         )
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
-    candidate_generator, verifier = _from_config(
-        model, candidate_generator, verifier, speculative_config, target_tokenizer
+    candidate_generator, verifier, schedule = _from_config(
+        model, candidate_generator, verifier, num_draft_tokens_schedule, speculative_config, target_tokenizer
     )
     _check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
     verifier = resolve_verifier(verifier, generation_config.do_sample)
     cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
     generator = generator if generator is not None else _default_generator(input_ids.device)
     candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer, cache)
-    run = _SpeculativeDecoding(model, candidate_generator, verifier, cache, generation_config, logits_processor,
-                               stopping_criteria, generator, speculative_streamer)
+    schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
+    run = _SpeculativeDecoding(model, candidate_generator, verifier, schedule, cache, generation_config,
+                               logits_processor, stopping_criteria, generator, speculative_streamer)
     if speculative_streamer is not None:
         speculative_streamer.put(input_ids.cpu())
     run.prefill(input_ids)
@@ -312,7 +329,8 @@ def _take_stop_strings(model, kwargs: dict):
 
 
 def enable(model):
-    """Lets `model.generate` take `candidate_generator=` or `speculative_config=` (and `verifier=`, `generator=`).
+    """Lets `model.generate` take `candidate_generator=` or `speculative_config=` (and `verifier=`, `generator=`,
+    `num_draft_tokens_schedule=`).
 
     Only this model instance changes: its `generate` becomes a wrapper that, when a drafter or a speculative
     config is given, calls the original with `custom_generate=hf_speculators.generate` and carries what
@@ -327,8 +345,8 @@ def enable(model):
         The same `model`, for chaining.
 
     Raises:
-        `ValueError` (from the wrapper): `stop_strings=` without `tokenizer=`; `verifier=` or `generator=` without
-            `candidate_generator=` or `speculative_config=`.
+        `ValueError` (from the wrapper): `stop_strings=` without `tokenizer=`; `verifier=`, `generator=` or
+            `num_draft_tokens_schedule=` without `candidate_generator=` or `speculative_config=`.
     """
     if getattr(model.generate, "_hf_speculators_enabled", False):
         return model
@@ -336,12 +354,13 @@ def enable(model):
 
     @functools.wraps(plain_generate)
     def generate_with_speculation(*args, candidate_generator=None, speculative_config=None, verifier=None,
-                                  generator=None, streamer=None, tokenizer=None, stopping_criteria=None, **kwargs):
+                                  generator=None, num_draft_tokens_schedule=None, streamer=None, tokenizer=None,
+                                  stopping_criteria=None, **kwargs):
         if candidate_generator is None and speculative_config is None:
-            if verifier is not None or generator is not None:
+            if verifier is not None or generator is not None or num_draft_tokens_schedule is not None:
                 raise ValueError(
-                    "verifier= and generator= need candidate_generator= (a drafter) or speculative_config= to take "
-                    "effect."
+                    "verifier=, generator= and num_draft_tokens_schedule= need candidate_generator= (a drafter) or "
+                    "speculative_config= to take effect."
                 )
             return plain_generate(*args, streamer=streamer, tokenizer=tokenizer, stopping_criteria=stopping_criteria,
                                   **kwargs)
@@ -357,7 +376,7 @@ def enable(model):
         return plain_generate(
             *args, custom_generate=generate, candidate_generator=candidate_generator,
             speculative_config=speculative_config, verifier=verifier, generator=generator,
-            speculative_streamer=streamer, target_tokenizer=tokenizer, stopping_criteria=criteria, **kwargs,
+            num_draft_tokens_schedule=num_draft_tokens_schedule, speculative_streamer=streamer, target_tokenizer=tokenizer, stopping_criteria=criteria, **kwargs,
         )
 
     generate_with_speculation._hf_speculators_enabled = True

@@ -26,6 +26,8 @@ class SpeculativeStats:
         num_generated_tokens (`int`): tokens added to the sequence (accepted, bonus and recovered tokens).
         drafted_per_position (`list[int]`): entry i counts drafts with a token at position (tree: depth) i.
         accepted_per_position (`list[int]`): entry i counts drafts that had a token accepted at position i.
+        draft_lengths (`list[int]`): entry k counts steps that asked the drafter for k draft tokens (the draft
+            length the schedule chose, capped by the length limit; 0: a plain step, the drafter not called).
         draft_time (`float`): seconds spent drafting.
         verify_time (`float`): seconds spent in target forwards (prefill included) and verification.
         lossless (`bool`): whether the verification preserves the target's output (greedy: token for token;
@@ -42,19 +44,25 @@ class SpeculativeStats:
     num_generated_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
     draft_time: float = 0.0
     verify_time: float = 0.0
     lossless: bool = True
     verifier: str = ""
     drafter: str = ""
 
-    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int, depth: int | None = None) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int, depth: int | None = None,
+               draft_length: int | None = None) -> None:
         """Adds one verification step that proposed `num_draft_tokens` and accepted `num_accepted` of them.
 
         `depth` is the longest path of a tree draft (default: `num_draft_tokens`, a chain); the per-position
-        figures count depths, so for a tree position i is "a node at depth i".
+        figures count depths, so for a tree position i is "a node at depth i". `draft_length` is the length the
+        step asked the drafter for (default: `depth`).
         """
         depth = num_draft_tokens if depth is None else depth
+        draft_length = depth if draft_length is None else draft_length
+        self.draft_lengths += [0] * (draft_length + 1 - len(self.draft_lengths))
+        self.draft_lengths[draft_length] += 1
         self.num_steps += 1
         self.num_target_forwards += 1
         self.num_drafts += num_draft_tokens > 0
@@ -79,6 +87,11 @@ class SpeculativeStats:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     @property
+    def num_steps_without_draft(self) -> int:
+        """Steps that ran as plain one-token steps: the schedule asked for no draft or the drafter found none."""
+        return self.num_steps - self.num_drafts
+
+    @property
     def acceptance_rate_per_position(self) -> list[float]:
         """Entry i: how often the draft token at position i was accepted when one was proposed there."""
         return [a / d for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
@@ -90,4 +103,5 @@ class SpeculativeStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_rate_per_position": self.acceptance_rate_per_position,
+            "num_steps_without_draft": self.num_steps_without_draft,
         }

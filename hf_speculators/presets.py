@@ -15,7 +15,7 @@ from huggingface_hub.errors import RemoteEntryNotFoundError
 from .drafters import DRAFTERS
 from .loading import DEMO_IDS, looks_local
 from .checkpoint_settings import checkpoint_settings
-from .vllm_export import llm_call, to_vllm
+from .vllm_export import llm_call, to_vllm_with_notes
 
 CARD_KEY = "speculative_decoding"
 # the front-matter block of what a preset was measured to give (not settings: SpeculativeConfig ignores it):
@@ -157,16 +157,17 @@ def _settings_table(config) -> list[str]:
 def _vllm_section(config) -> list[str]:
     """vLLM code running the same method, or why there is none (demo ids kept: a card holds no local paths)."""
     try:
-        exported = to_vllm(config, resolve_ids=False)
+        exported, notes = to_vllm_with_notes(config, resolve_ids=False)
     except ValueError as error:
         return [f"Not exportable: {error}"]
+    notes = [f"Note: {note}" for note in notes]
     demo_note = ["", "vLLM needs the folders of `hf_speculators/demo-*` ids: `config.to_vllm()` and "
                  "`hf_speculators.loading.resolve_model_id` give them."]
     uses_demo = {config.target_model, config.draft_model} & set(DEMO_IDS)
     return [
         "```python", "from vllm import LLM", "",
         llm_call(config.target_model, exported), "```",
-        *(demo_note if uses_demo else []),
+        *(demo_note if uses_demo else []), *(["", *notes] if notes else []),
     ]
 
 

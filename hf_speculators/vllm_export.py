@@ -2,6 +2,7 @@
 
 import json
 import shlex
+import warnings
 
 from .loading import resolve_model_id
 from .speculators_format import SPECULATORS_TYPES
@@ -72,7 +73,9 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
     `quantization="fp8"`. Unset fields are filled with this library's drafter defaults, so vLLM runs what
-    `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`.
+    `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
+    schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
+    drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
 
     Raises:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
@@ -100,7 +103,25 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     num_draft_tokens = config.resolved("num_draft_tokens")
     if num_draft_tokens is not None:  # unset for a speculators type: vLLM reads it from the checkpoint
         settings["num_speculative_tokens"] = num_draft_tokens
+    _warn_schedule(config.num_draft_tokens_schedule, num_draft_tokens)
     return settings
+
+
+def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
+    if schedule not in (None, "constant"):
+        warnings.warn(
+            f"num_draft_tokens_schedule={schedule!r} has no vLLM equivalent and is left out: vLLM drafts "
+            f"num_speculative_tokens={num_draft_tokens} tokens every step (a fixed length). Lower num_draft_tokens "
+            "for vLLM if that length is too long for a fixed schedule.", UserWarning, stacklevel=3,
+        )
+
+
+def to_vllm_with_notes(config, resolve_ids: bool = True) -> tuple[dict, list[str]]:
+    """`to_vllm(config, resolve_ids)` and the messages of the warnings it gave (what was left out), for printing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported = to_vllm(config, resolve_ids)
+    return exported, [str(warning.message) for warning in caught]
 
 
 def llm_call(target: str | None, speculative_config: dict) -> str:
@@ -116,8 +137,8 @@ def vllm_commands(config) -> str:
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    exported = to_vllm(config)
+    exported, notes = to_vllm_with_notes(config)
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
-    return "\n".join(["# command line (an OpenAI-compatible server)", serve, "", "# Python",
-                      "from vllm import LLM", "", llm_call(target, exported)])
+    return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,
+                      "", "# Python", "from vllm import LLM", "", llm_call(target, exported)])

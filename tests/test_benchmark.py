@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from hf_speculators import benchmark  # noqa: E402
+from hf_speculators import benchmark, cli  # noqa: E402
 from hf_speculators.benchmark import (  # noqa: E402
     DEFAULT_METHODS,
     EXIT_LAYER_METHODS,
@@ -279,3 +279,33 @@ def test_summarize_pools_totals():
     # 0.06 s for 6 draft tokens = 0.01 s per draft token; plain takes 1 / 20 s per token
     assert summary["all"]["prompt-lookup"]["draft_cost_ratio"] == pytest.approx(0.2)
     assert summary["all"]["plain"]["draft_cost_ratio"] is None
+
+
+def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target, draft, tokenizer):
+    result = bench(target, draft, tokenizer, methods=["hf-prompt-lookup", "draft-model"], verbose=False,
+                   variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])
+    names = ["plain", "hf-prompt-lookup", "draft-model[k=1]", "draft-model[k=3]", "draft-model[goodput,k<=3]",
+             "draft-model[heuristic,k=2]"]
+    assert list(result.summary["all"]) == names  # transformers' method keeps num_draft_tokens: one run
+    assert result.ok and len(result.records) == len(names) * len(PROMPTS)
+    by_name = {r["method"]: r for r in result.records if r["prompt_index"] == 0}
+    assert len(by_name["draft-model[k=1]"]["draft_lengths"]) == 2  # asked for 0 or 1 tokens
+    assert by_name["plain"]["draft_lengths"] is None
+    assert all(r["num_steps_without_draft"] is not None for r in result.records if r["method"].startswith("draft"))
+    assert result.summary["all"]["draft-model[k=3]"]["mean_draft_length"] <= 3
+    assert result.records[0]["provenance"]["variants"] == [[1, "constant"], [3, "constant"], [3, "goodput"],
+                                                            [2, "heuristic"]]
+
+
+@pytest.mark.parametrize(("variants", "message"), [([(0, "constant")], "num_draft_tokens must be an integer >= 1"),
+                                                   ([(3, "adaptive")], "num_draft_tokens_schedule must be one of")])
+def test_bad_variants_raise_before_any_run(target, draft, tokenizer, variants, message):
+    with pytest.raises(ValueError, match=message):
+        bench(target, draft, tokenizer, methods=["draft-model"], verbose=False, variants=variants)
+
+
+def test_cli_variants_parse():
+    args = cli.build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--variants", "1,2,goodput:6"])
+    assert args.variants == [(1, "constant"), (2, "constant"), (6, "goodput")]
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--variants", "goodput:x"])

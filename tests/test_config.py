@@ -22,7 +22,8 @@ FULL_CONFIGS = [
         draft_quantization="nf4", verification="top_k", top_k=3, accept_tolerance=1.5, target_model="org/target",
     ),
     SpeculativeConfig(method="layer-skip", exit_layer=4, confidence_threshold=0.4, draft_vocab="org/ranking.json",
-                      draft_vocab_size=32768, verification="exact", source="LayerSkip"),
+                      draft_vocab_size=32768, verification="exact", source="LayerSkip",
+                      num_draft_tokens_schedule="goodput"),
     SpeculativeConfig(method="tree", draft_model="org/draft", tree={"paths": [[0], [0, 0], [1]]}),
     SpeculativeConfig(method="eagle3", num_draft_tokens=3, draft_model="org/speculator", draft_revision="main"),
 ]
@@ -106,6 +107,8 @@ def test_defaults_are_prompt_lookup_with_the_drafters_own_defaults():
         ({"prefer": "middle"}, "prefer must be one of ('latest', 'earliest'), got 'middle'"),
         ({"method": "layer-skip", "exit_layer": 2, "draft_quantization": "int8"},
          "draft_quantization does not apply to method='layer-skip'"),
+        ({"num_draft_tokens_schedule": "adaptive"},
+         "num_draft_tokens_schedule must be one of ['constant', 'goodput', 'heuristic'], got 'adaptive'"),
     ],
 )
 def test_out_of_range_and_inconsistent_values_raise_naming_the_field(settings, message):
@@ -378,3 +381,21 @@ def test_head_methods_take_a_checkpoint_and_a_tree(method):
     assert config.to_dict()["tree"] == {"depth": 3}
     with pytest.raises(ValueError, match=f"draft_model is required for method='{method}'"):
         SpeculativeConfig(method=method)
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "goodput"])
+def test_to_vllm_leaves_out_a_schedule_vllm_lacks_with_a_warning(schedule):
+    config = SpeculativeConfig(method="draft-model", draft_model="org/draft", num_draft_tokens=6,
+                               num_draft_tokens_schedule=schedule)
+    with pytest.warns(UserWarning, match=f"num_draft_tokens_schedule='{schedule}' has no vLLM equivalent and is left "
+                                         "out: vLLM drafts num_speculative_tokens=6 tokens every step"):
+        exported = config.to_vllm()
+    assert exported == {"method": "draft_model", "model": "org/draft", "num_speculative_tokens": 6}
+
+
+def test_a_card_with_a_schedule_notes_what_vllm_runs_instead(tmp_path):
+    config = SpeculativeConfig(num_draft_tokens=6, num_draft_tokens_schedule="goodput")
+    card = config.save_pretrained(tmp_path).read_text(encoding="utf-8")
+    assert "num_draft_tokens_schedule: goodput" in card
+    assert "Note: num_draft_tokens_schedule='goodput' has no vLLM equivalent" in card
+    assert SpeculativeConfig.from_pretrained(str(tmp_path)) == config

@@ -111,12 +111,16 @@ def test_padded_draft_vocabulary_is_allowed_with_equal_tokenizers(zoo, tokenizer
         speculative_call(zoo, hs.DraftModelDrafter(padded_draft, num_draft_tokens=3))
 
 
+NEEDS_A_DRAFTER = r"verifier=, generator= and num_draft_tokens_schedule= need candidate_generator="
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(stop_strings=["ab"]), r"stop_strings= needs tokenizer="),
-        (dict(verifier="exact"), r"verifier= and generator= need candidate_generator="),
-        (dict(generator=torch.Generator()), r"verifier= and generator= need candidate_generator="),
+        (dict(verifier="exact"), NEEDS_A_DRAFTER),
+        (dict(generator=torch.Generator()), NEEDS_A_DRAFTER),
+        (dict(num_draft_tokens_schedule="goodput"), NEEDS_A_DRAFTER),
     ],
 )
 def test_enable_wrapper_errors(kwargs, message):

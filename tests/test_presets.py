@@ -125,6 +125,9 @@ def test_every_card_exports_to_vllm_or_raises_the_documented_error(name):
     elif config.verification in ("typical", "top_k"):
         with pytest.raises(ValueError, match=f"verification='{config.verification}' is relaxed"):
             config.to_vllm()
+    elif config.num_draft_tokens_schedule not in (None, "constant"):  # vLLM drafts the bound every step
+        with pytest.warns(UserWarning, match="has no vLLM equivalent and is left out"):
+            assert config.to_vllm()["num_speculative_tokens"] == config.num_draft_tokens
     else:
         assert config.to_vllm()["num_speculative_tokens"] == config.num_draft_tokens
 

@@ -31,6 +31,7 @@ from hf_speculators.loading import load_model, load_tokenizer, resolve_device, r
 from hf_speculators.plotting import plot_benchmark, read_records  # noqa: E402
 from hf_speculators.presets import bundled_presets, card_results  # noqa: E402
 from hf_speculators.quiet import quiet_third_party  # noqa: E402
+from hf_speculators.vllm_export import to_vllm_with_notes  # noqa: E402
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -346,11 +347,14 @@ def test_export_prints_the_vllm_command_and_python_call(name, capsys):
     out = capsys.readouterr().out
     config = hs.SpeculativeConfig.from_pretrained(name)
     target = loading.resolve_model_id(config.target_model)
+    exported, notes = to_vllm_with_notes(config)
     (serve,) = [line for line in out.splitlines() if line.startswith("vllm serve ")]
     words = shlex.split(serve)
     assert words[:3] == ["vllm", "serve", target] and words[3] == "--speculative-config"
-    assert json.loads(words[4]) == config.to_vllm()
-    assert f"llm = LLM(model={target!r}, speculative_config={config.to_vllm()!r})" in out
+    assert json.loads(words[4]) == exported
+    assert f"llm = LLM(model={target!r}, speculative_config={exported!r})" in out
+    # a goodput schedule (demo-draft-model) has no vLLM equivalent: the output says what vLLM runs instead
+    assert all(f"# note: {note}" in out for note in notes) and bool(notes) == (name == "demo-draft-model")
 
 
 @pytest.mark.parametrize("name, message", [("demo-layer-skip", "method='layer-skip' has no vLLM equivalent"),

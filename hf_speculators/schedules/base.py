@@ -1,0 +1,63 @@
+"""The draft-length schedule interface, and the two schedules without a model: constant and transformers' heuristic.
+
+A schedule sits beside the drafter, not inside it: the loop reads `schedule.draft_length` before each step and
+calls `schedule.update(...)` after it with what the step drafted, accepted and cost (seconds from the clock reads
+the loop makes anyway). It never sees the drafter, so every drafter gets it, and a step's draft length depends
+only on the steps before it, which keeps rejection sampling lossless. One schedule object serves one generate call.
+"""
+
+
+class DraftLengthSchedule:
+    """How many draft tokens each step asks the drafter for (for a tree: its depth).
+
+    Args:
+        num_draft_tokens (`int`): the drafter's `num_draft_tokens`: the constant length, the heuristic's starting
+            length, or the goodput schedule's upper bound.
+
+    Attributes:
+        draft_length (`int`): the draft length of the next step, >= 0 (0: a plain one-token step). The loop also
+            caps it by what the length limit leaves.
+    """
+
+    name: str = ""
+
+    def __init__(self, num_draft_tokens: int):
+        self.num_draft_tokens = num_draft_tokens
+        self.draft_length = num_draft_tokens
+
+    def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
+               verify_seconds: float) -> None:
+        """Takes in one finished step; the default (a constant length) ignores it.
+
+        Args:
+            draft_length (`int`): the length the step asked the drafter for (0: the drafter was not called).
+            num_nodes (`int`): draft tokens (tree nodes) the drafter returned.
+            depth (`int`): the longest path of the draft (`num_nodes` for a chain).
+            num_accepted (`int`): draft tokens accepted (a root-to-leaf path).
+            draft_seconds (`float`): seconds spent drafting.
+            verify_seconds (`float`): seconds spent in the target forward, verification and commit; it scored
+                `num_nodes + 1` tokens.
+        """
+
+
+class ConstantSchedule(DraftLengthSchedule):
+    """`num_draft_tokens` draft tokens every step (transformers' `num_assistant_tokens_schedule="constant"`)."""
+
+    name = "constant"
+
+
+class HeuristicSchedule(DraftLengthSchedule):
+    """transformers' `num_assistant_tokens_schedule="heuristic"` rule, for comparison.
+
+    Starts at `num_draft_tokens`; after a step whose every draft token was accepted the length grows by 2 (with
+    no upper bound, as in transformers), after any other step it shrinks by 1, never below 1. A step whose draft
+    came back empty (prompt lookup found no match) leaves it as it is. The length starts afresh in each generate
+    call, as transformers' `"heuristic_transient"` (this library keeps no state across calls).
+    """
+
+    name = "heuristic"
+
+    def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
+               verify_seconds: float) -> None:
+        if num_nodes > 0:
+            self.draft_length = self.draft_length + 2 if num_accepted == num_nodes else max(1, self.draft_length - 1)
