@@ -3,6 +3,7 @@ reference forward of the format's definition, lossless sampling with a reduced d
 the speculators round trip, and every error."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 import hf_speculators as hs
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
+from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.speculators_format import speculators_settings
 from test_lossless import chi_square, chi_square_critical
 
@@ -313,3 +315,19 @@ def test_files_of_no_known_format_fail(tmp_path):
         load_eagle_head(tmp_path)
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         EagleDrafter.from_pretrained(str(tmp_path / "absent"))
+
+
+# ---------------------------------------------------------------- the demo head
+
+DEMO_EAGLE3 = (Path(DEMO_DIR) / "eagle3" / "config.json").is_file() and (Path(DEMO_TARGET) / "config.json").is_file()
+
+
+@pytest.mark.skipif(not DEMO_EAGLE3, reason="the demo weights (hf_speculators/demo/{target,eagle3}) are not there")
+@pytest.mark.parametrize("tree", [None, hs.DynamicTree(depth=4, top_k=3, num_nodes=12)], ids=["chain", "tree"])
+def test_the_demo_head_drafts_for_the_demo_target(tree):
+    target, tokenizer = load_model("hf_speculators/demo-target"), load_tokenizer("hf_speculators/demo-target")
+    prompt = tokenizer("Question: Tom has 3 apples and buys 5 more. How many apples", return_tensors="pt").input_ids
+    drafter = EagleDrafter.from_pretrained("hf_speculators/demo-eagle3", num_draft_tokens=3, tree=tree)
+    out = speculative_generate(target, prompt, drafter, max_new_tokens=32, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, plain_generate(target, prompt, max_new_tokens=32))
+    assert out.speculative_stats.num_accepted_tokens > 0
