@@ -39,21 +39,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--head", default="hf_speculators/demo/eagle3")
     parser.add_argument("--chains", default="3,4,5", help="EAGLE-3 chain lengths k")
-    parser.add_argument("--tree", default="5,4,16", help="DynamicTree depth,top_k,num_nodes")
+    parser.add_argument("--trees", default="4,2,6;5,4,16", help="DynamicTrees depth,top_k,num_nodes; separated by ;")
     parser.add_argument("--draft-vocab-size", type=int, default=2048, help="also run k=3 with this reduced vocab")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     target, tokenizer = load_model("hf_speculators/demo-target"), load_tokenizer("hf_speculators/demo-target")
     draft, head = load_model("hf_speculators/demo-draft"), load_eagle_head(args.head)
-    depth, top_k, num_nodes = map(int, args.tree.split(","))
     methods = {"plain": lambda: None, "draft-model k=3": lambda: hs.DraftModelDrafter(draft, 3)}
     methods |= {f"eagle3 k={k}": (lambda k=k: EagleDrafter(head, k)) for k in map(int, args.chains.split(","))}
     if args.draft_vocab_size:
         small = reduced_vocab_head(head, ranked_draft_vocab("hf_speculators/demo-target/token_ranking.json",
                                                             args.draft_vocab_size))
         methods[f"eagle3 k=3 vocab={args.draft_vocab_size}"] = lambda: EagleDrafter(small, 3)
-    methods[f"eagle3 tree {args.tree}"] = lambda: EagleDrafter(head, tree=hs.DynamicTree(depth, top_k, num_nodes))
+    for tree in args.trees.split(";"):
+        shape = tuple(map(int, tree.split(",")))
+        methods[f"eagle3 tree {tree}"] = lambda shape=shape: EagleDrafter(head, tree=hs.DynamicTree(*shape))
 
     prompts = [tokenizer(p.text, return_tensors="pt").input_ids[:, -1024:] for p in load_prompts(args.prompts,
                                                                                                args.limit)]

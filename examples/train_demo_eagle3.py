@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_demo_family as family  # noqa: E402
 
 from hf_speculators.heads.eagle import Eagle3Head, default_aux_layer_ids  # noqa: E402
-from hf_speculators.heads.eagle_formats import save_eagle3_head  # noqa: E402
+from hf_speculators.heads.eagle_formats import load_eagle_head, save_eagle3_head  # noqa: E402
 
 TARGET_ID = "hf_speculators/demo-target"
 PEAK_LR = 2e-3
@@ -99,6 +99,12 @@ class TrainingTimeTest:
         return [round(total / (windows // family.BATCH), 4) for total in sums]
 
 
+def earlier_commands(folder: Path) -> list[str]:
+    """The commands in the model card of the head saved in `folder` (those that trained it)."""
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    return card.split("Retrain with:\n\n```\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
 def model_card(head: Eagle3Head, steps: int, ttt_steps: int, agreement: list[float], minutes: float,
                command: str) -> str:
     params = sum(p.numel() for p in head.parameters())
@@ -123,9 +129,9 @@ An EAGLE-3 draft head (Li et al. 2025) for the hf_speculators demo target, in th
 - Data: the demo family's training corpus (Tiny Shakespeare, GSM8K train, Python standard library source; every
   {family.HELD_OUT_EVERY}th document held out), windows of {family.SEQ_LEN} tokens, batches of {family.BATCH}.
 - Recipe: self-distillation, the forward KL to the frozen target's next-token distribution, with EAGLE-3's
-  training-time test over {ttt_steps} steps (step k feeds the head's own states of step k - 1), {steps} steps of
-  AdamW (peak learning rate {PEAK_LR}, warmup {WARMUP}, cosine decay to 10%), bfloat16 autocast, one CPU thread,
-  {minutes:.0f} minutes.
+  training-time test over {ttt_steps} steps (step k feeds the head's own states of step k - 1); each command
+  below runs AdamW (peak learning rate {PEAK_LR}, warmup {WARMUP}, cosine decay to 10%) with bfloat16 autocast on
+  one CPU thread (the last one: {steps} steps, {minutes:.0f} minutes on a shared 2-core machine).
 - Held-out argmax agreement with the target per draft position (true tokens before it): {per_step}.
 
 Retrain with:
@@ -141,6 +147,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data"))
     parser.add_argument("--target", type=Path, default=Path("hf_speculators/demo/target"))
     parser.add_argument("--out", type=Path, default=Path("hf_speculators/demo/eagle3"))
+    parser.add_argument("--init", type=Path, help="continue from the head saved in this folder (its card's commands "
+                        "are kept in the new card)")
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--ttt-steps", type=int, default=3)
@@ -156,7 +164,8 @@ def main() -> None:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.target)
     train_stream, held_out = family.encode_splits(family.load_documents(args.data), tokenizer)
     target = LlamaForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval().requires_grad_(False)
-    head = build_head(target)
+    head = build_head(target) if args.init is None else load_eagle_head(args.init).float()
+    earlier = [] if args.init is None else earlier_commands(args.init)
     ttt = TrainingTimeTest(target, head, args.ttt_steps)
     start = time.time()
     steps = family.train(head, ttt.loss, train_stream, args.minutes, args.steps, PEAK_LR, "eagle3", warmup=WARMUP)
@@ -165,10 +174,12 @@ def main() -> None:
     print(f"held-out argmax agreement per step: {agreement}", flush=True)
     save_eagle3_head(head, args.out, verifier_name_or_path=TARGET_ID, verifier_architectures=["LlamaForCausalLM"],
                      num_draft_tokens=args.ttt_steps, dtype=torch.float16)
-    command = (f"python examples/train_demo_eagle3.py --data {args.data} --target {args.target} --out {args.out} "
-               f"--steps {steps} --ttt-steps {args.ttt_steps} --batch {args.batch} --seq-len {args.seq_len} "
-               f"--threads {args.threads}")
-    (args.out / "README.md").write_text(model_card(head, steps, args.ttt_steps, agreement, minutes, command))
+    init = "" if args.init is None else f"--init {args.init} "
+    command = (f"python examples/train_demo_eagle3.py --data {args.data} --target {args.target} {init}"
+               f"--out {args.out} --steps {steps} --ttt-steps {args.ttt_steps} --batch {args.batch} "
+               f"--seq-len {args.seq_len} --threads {args.threads}")
+    (args.out / "README.md").write_text(model_card(head, steps, args.ttt_steps, agreement, minutes,
+                                                   "\n".join(earlier + [command])))
 
 
 if __name__ == "__main__":

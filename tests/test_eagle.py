@@ -161,7 +161,8 @@ def test_sampling_with_a_reduced_draft_vocabulary_is_lossless(targets, fitted, t
     config = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 2, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False,
                               return_dict_in_generate=False)
-    stopping, generator = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)]), torch.Generator().manual_seed(0)
+    stopping = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)])
+    generator = torch.Generator().manual_seed(0)
     counts = torch.zeros_like(joint)
     for _ in range(600):
         out = hs.generate(model, prompt, logits_processor=warpers, stopping_criteria=stopping,
@@ -201,8 +202,8 @@ def test_a_speculators_checkpoint_round_trips(tmp_path):
     assert loaded.flags == head.flags and loaded.aux_layer_ids == AUX_LAYER_IDS
     assert loaded.config.rope_parameters["rope_theta"] == 500.0 and loaded.config.num_hidden_layers == 2
     for name, tensor in head.state_dict().items():
-        torch.testing.assert_close(loaded.state_dict()[name], tensor.half().to(tensor.dtype) if tensor.is_floating_point()
-                                   else tensor)
+        stored = tensor.half().to(tensor.dtype) if tensor.is_floating_point() else tensor
+        torch.testing.assert_close(loaded.state_dict()[name], stored)
     config = json.loads((folder / "config.json").read_text())
     assert config["speculators_config"]["verifier"] == {"name_or_path": "org/target",
                                                         "architectures": ["LlamaForCausalLM"]}
@@ -287,7 +288,8 @@ def test_get_candidates_refuses():
     ("speculators-eagle3", {"layer_types": ["sliding_attention"]}, "transformer_layer_config.layer_types has sliding"),
     ("speculators-eagle3", {"speculators_model_type": "mtp"}, "speculators_model_type='mtp' is not an EAGLE head"),
     ("speculators-eagle", {"layernorms": True}, "layernorms=true .* is not supported"),
-    ("speculators-eagle3", {"draft_vocab_size": 32}, r"misshapen \['d2t \(64,\) \(expected \(32,\)\)', 'lm_head.weight \(64, 48\) \(expected \(32, 48\)\)'\]"),
+    ("speculators-eagle3", {"draft_vocab_size": 32},
+     r"misshapen \['d2t \(64,\) \(expected \(32,\)\)', 'lm_head.weight \(64, 48\) \(expected \(32, 48\)\)'\]"),
 ])
 def test_a_malformed_checkpoint_fails_naming_the_field(tmp_path, fmt, changes, message):
     head = random_eagle3(draft_vocab_size=64) if fmt.endswith("eagle3") else random_eagle()
