@@ -11,8 +11,12 @@ DEMO_DIR = Path(__file__).parent / "demo"
 DEMO_TARGET = str(DEMO_DIR / "target")
 DEMO_DRAFT = str(DEMO_DIR / "draft")
 # ids that name the bundled demo models wherever the package is installed (used by the demo presets)
-DEMO_IDS = {"hf_speculators/demo-target": DEMO_TARGET, "hf_speculators/demo-draft": DEMO_DRAFT}
-DEMO_IDS["hf_speculators/demo-medusa"] = str(DEMO_DIR / "medusa")  # Medusa heads for the demo target
+DEMO_IDS = {
+    "hf_speculators/demo-target": DEMO_TARGET,
+    "hf_speculators/demo-draft": DEMO_DRAFT,
+    "hf_speculators/demo-eagle3": str(DEMO_DIR / "eagle3"),  # an EAGLE-3 head for the demo target
+    "hf_speculators/demo-medusa": str(DEMO_DIR / "medusa"),  # Medusa heads for the demo target
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 AUTO = "auto"  # --device and --dtype default: the best available device; the checkpoint's dtype on an accelerator
 

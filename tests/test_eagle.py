@@ -3,6 +3,7 @@ reference forward of the format's definition, lossless sampling with a reduced d
 the speculators round trip, and every error."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 import hf_speculators as hs
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
+from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.speculators_format import speculators_settings
 from test_lossless import chi_square, chi_square_critical
 
@@ -159,7 +161,8 @@ def test_sampling_with_a_reduced_draft_vocabulary_is_lossless(targets, fitted, t
     config = GenerationConfig(do_sample=True, max_length=prompt.shape[1] + 2, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False,
                               return_dict_in_generate=False)
-    stopping, generator = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)]), torch.Generator().manual_seed(0)
+    stopping = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)])
+    generator = torch.Generator().manual_seed(0)
     counts = torch.zeros_like(joint)
     for _ in range(600):
         out = hs.generate(model, prompt, logits_processor=warpers, stopping_criteria=stopping,
@@ -199,8 +202,8 @@ def test_a_speculators_checkpoint_round_trips(tmp_path):
     assert loaded.flags == head.flags and loaded.aux_layer_ids == AUX_LAYER_IDS
     assert loaded.config.rope_parameters["rope_theta"] == 500.0 and loaded.config.num_hidden_layers == 2
     for name, tensor in head.state_dict().items():
-        torch.testing.assert_close(loaded.state_dict()[name], tensor.half().to(tensor.dtype) if tensor.is_floating_point()
-                                   else tensor)
+        stored = tensor.half().to(tensor.dtype) if tensor.is_floating_point() else tensor
+        torch.testing.assert_close(loaded.state_dict()[name], stored)
     config = json.loads((folder / "config.json").read_text())
     assert config["speculators_config"]["verifier"] == {"name_or_path": "org/target",
                                                         "architectures": ["LlamaForCausalLM"]}
@@ -285,7 +288,8 @@ def test_get_candidates_refuses():
     ("speculators-eagle3", {"layer_types": ["sliding_attention"]}, "transformer_layer_config.layer_types has sliding"),
     ("speculators-eagle3", {"speculators_model_type": "mtp"}, "speculators_model_type='mtp' is not an EAGLE head"),
     ("speculators-eagle", {"layernorms": True}, "layernorms=true .* is not supported"),
-    ("speculators-eagle3", {"draft_vocab_size": 32}, r"misshapen \['d2t \(64,\) \(expected \(32,\)\)', 'lm_head.weight \(64, 48\) \(expected \(32, 48\)\)'\]"),
+    ("speculators-eagle3", {"draft_vocab_size": 32},
+     r"misshapen \['d2t \(64,\) \(expected \(32,\)\)', 'lm_head.weight \(64, 48\) \(expected \(32, 48\)\)'\]"),
 ])
 def test_a_malformed_checkpoint_fails_naming_the_field(tmp_path, fmt, changes, message):
     head = random_eagle3(draft_vocab_size=64) if fmt.endswith("eagle3") else random_eagle()
@@ -313,3 +317,19 @@ def test_files_of_no_known_format_fail(tmp_path):
         load_eagle_head(tmp_path)
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         EagleDrafter.from_pretrained(str(tmp_path / "absent"))
+
+
+# ---------------------------------------------------------------- the demo head
+
+DEMO_EAGLE3 = (Path(DEMO_DIR) / "eagle3" / "config.json").is_file() and (Path(DEMO_TARGET) / "config.json").is_file()
+
+
+@pytest.mark.skipif(not DEMO_EAGLE3, reason="the demo weights (hf_speculators/demo/{target,eagle3}) are not there")
+@pytest.mark.parametrize("tree", [None, hs.DynamicTree(depth=4, top_k=3, num_nodes=12)], ids=["chain", "tree"])
+def test_the_demo_head_drafts_for_the_demo_target(tree):
+    target, tokenizer = load_model("hf_speculators/demo-target"), load_tokenizer("hf_speculators/demo-target")
+    prompt = tokenizer("Question: Tom has 3 apples and buys 5 more. How many apples", return_tensors="pt").input_ids
+    drafter = EagleDrafter.from_pretrained("hf_speculators/demo-eagle3", num_draft_tokens=3, tree=tree)
+    out = speculative_generate(target, prompt, drafter, max_new_tokens=32, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, plain_generate(target, prompt, max_new_tokens=32))
+    assert out.speculative_stats.num_accepted_tokens > 0

@@ -7,6 +7,8 @@ from transformers import DynamicCache
 
 from ..cache import truncate
 from ..heads.eagle import check_head_fits
+from ..heads.eagle_formats import load_eagle_head
+from ..heads.files import head_folder
 from ..tree import TokenTree
 from ..types import Draft
 from .feature import FeatureDrafter
@@ -61,7 +63,7 @@ class EagleDrafter(FeatureDrafter):
         self.tree = None if tree is None else tree_shape(tree)
         super().__init__(num_draft_tokens if self.tree is None else self.tree.depth)
         self.head = head
-        self._cache = self._target_head = self._embeddings = self._draft_to_target = None
+        self._cache = self._target_head = self._embeddings = self._draft_to_target = self._vocab_size = None
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
@@ -77,9 +79,6 @@ class EagleDrafter(FeatureDrafter):
             `FileNotFoundError`: a local path that is not a folder, or a folder without weights.
             `ValueError`: files of no known EAGLE format, or a malformed checkpoint (naming the field or tensor).
         """
-        from ..heads.eagle_formats import load_eagle_head
-        from ..heads.files import head_folder
-
         return cls(load_eagle_head(head_folder(repo_id_or_path, revision, token)), num_draft_tokens, tree)
 
     def feature_points(self, target) -> tuple[list[int], bool]:

@@ -63,8 +63,8 @@ class EagleAttention(nn.Module):
 
     def forward(self, hidden_states, position_embeddings, cache, attention_mask):
         """`(batch, q_len, hidden_size)` attention output of `hidden_states` `(batch, q_len, input_size)`, after the
-        cache's keys and values; `attention_mask` is `None` (one query, or no cache) or additive `(batch, 1, q_len,
-        kv_len)`."""
+        cache's keys and values; `attention_mask` is `None` (one query after the cache) or `(batch, 1, q_len,
+        kv_len)`, additive float or boolean (True: attend), as `scaled_dot_product_attention` takes it."""
         query = self._heads(self.q_proj, self.q_norm, hidden_states)
         key = self._heads(self.k_proj, self.k_norm, hidden_states)
         value = self._heads(self.v_proj, None, hidden_states)
@@ -232,9 +232,6 @@ class EagleHead(nn.Module):
         qkv_bias (`bool`): biases on q/k/v (SafeAILab's `qkv_bias`, Qwen2 targets). o_bias (`bool`): on o_proj.
         own_embeddings (`bool`): whether the head holds its own `embed_tokens`.
     """
-
-    aux_layer_ids = None
-    flags: dict = {}
 
     def __init__(self, config, fc_bias: bool = True, qkv_bias: bool = False, o_bias: bool = False,
                  own_embeddings: bool = False):
