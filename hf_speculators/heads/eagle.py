@@ -13,11 +13,20 @@ A head maps a pair (feature f_t, token x_{t+1}) at position t to a hidden state 
 further feeds that hidden state back with the drafted token (see `hf_speculators.drafters.eagle`).
 """
 
+import functools
 from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+
+@functools.cache
+def _llama():
+    """transformers' Llama modeling module, imported when a head is first built: importing it loads transformers'
+    quantizer integrations, whose third-party import noise the command line keeps out only around model loading."""
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -53,8 +62,8 @@ class EagleAttention(nn.Module):
         self.k_proj = nn.Linear(input_size, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(input_size, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * self.head_dim, config.hidden_size, bias=o_bias)
-        self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
-        self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
+        self.q_norm = _llama().LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
+        self.k_norm = _llama().LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
 
     def _heads(self, projection, norm, hidden_states):
         batch, length, _ = hidden_states.shape
@@ -68,7 +77,7 @@ class EagleAttention(nn.Module):
         query = self._heads(self.q_proj, self.q_norm, hidden_states)
         key = self._heads(self.k_proj, self.k_norm, hidden_states)
         value = self._heads(self.v_proj, None, hidden_states)
-        query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+        query, key = _llama().apply_rotary_pos_emb(query, key, *position_embeddings)
         key, value = cache.update(key, value, self.layer_idx)
         output = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                             enable_gqa=True)
@@ -91,13 +100,13 @@ class EagleDecoderLayer(nn.Module):
         size, eps = config.hidden_size, config.rms_norm_eps
         width = 2 * size if input_form == "eagle3" else size
         self.norm_before_residual = norm_before_residual
-        self.hidden_norm = LlamaRMSNorm(size, eps=eps) if input_form == "eagle3" else None
-        self.input_layernorm = LlamaRMSNorm(size, eps=eps) if input_form != "none" else None
+        self.hidden_norm = _llama().LlamaRMSNorm(size, eps=eps) if input_form == "eagle3" else None
+        self.input_layernorm = _llama().LlamaRMSNorm(size, eps=eps) if input_form != "none" else None
         self.self_attn = EagleAttention(config, width, layer_idx, qkv_bias, o_bias, qk_norm)
-        self.post_attention_layernorm = LlamaRMSNorm(size, eps=eps)
+        self.post_attention_layernorm = _llama().LlamaRMSNorm(size, eps=eps)
         mlp_config = SimpleNamespace(hidden_size=size, intermediate_size=config.intermediate_size,
                                      mlp_bias=bool(getattr(config, "mlp_bias", False)), hidden_act=config.hidden_act)
-        self.mlp = LlamaMLP(mlp_config)
+        self.mlp = _llama().LlamaMLP(mlp_config)
 
     def forward(self, hidden_states, position_embeddings, cache, attention_mask):
         if self.hidden_norm is not None:
@@ -163,8 +172,8 @@ class Eagle3Head(nn.Module):
                           norm_output=norm_output)
         self.embed_tokens = nn.Embedding(config.vocab_size, size) if own_embeddings else None
         fused = num_aux * self.target_hidden_size
-        self.input_norm = LlamaRMSNorm(fused, eps=eps) if norm_before_fc else None
-        self.fc_norm = (nn.ModuleList(LlamaRMSNorm(self.target_hidden_size, eps=eps) for _ in range(num_aux))
+        self.input_norm = _llama().LlamaRMSNorm(fused, eps=eps) if norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(_llama().LlamaRMSNorm(self.target_hidden_size, eps=eps) for _ in range(num_aux))
                         if fc_norm else None)
         self.fc = nn.Linear(fused, size, bias=False)
         options = dict(qkv_bias=attention_bias, o_bias=attention_bias, qk_norm=qk_norm)
@@ -172,11 +181,11 @@ class Eagle3Head(nn.Module):
             [EagleDecoderLayer(config, 0, "eagle3", norm_before_residual, **options)]
             + [EagleDecoderLayer(config, i, "norm", **options) for i in range(1, config.num_hidden_layers)]
         )
-        self.norm = LlamaRMSNorm(size, eps=eps)
+        self.norm = _llama().LlamaRMSNorm(size, eps=eps)
         self.lm_head = nn.Linear(size, self.draft_vocab_size, bias=False)
         reduced = self.draft_vocab_size != config.vocab_size
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long) if reduced else None)
-        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.rotary_emb = _llama().LlamaRotaryEmbedding(config)
 
     @property
     def hidden_size(self) -> int:
@@ -243,7 +252,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * size, size, bias=fc_bias)
         self.layers = nn.ModuleList(EagleDecoderLayer(config, i, "none" if i == 0 else "norm", qkv_bias=qkv_bias,
                                                       o_bias=o_bias) for i in range(config.num_hidden_layers))
-        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.rotary_emb = _llama().LlamaRotaryEmbedding(config)
 
     @property
     def hidden_size(self) -> int:
