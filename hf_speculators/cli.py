@@ -14,7 +14,7 @@ from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
 from .benchmark import load_prompts, run_benchmark
 from .chat import encode_prompt, use_chat_template
-from .config import SpeculativeConfig
+from .config import SpeculativeConfig, method_fields
 from .decoding import enable
 from .drafters import DRAFTERS
 from .drafters.prompt_lookup import MATCH_RULES
@@ -38,7 +38,7 @@ from .verifiers import VERIFIERS
 from .vllm_export import vllm_commands
 from .vocab import ranked_draft_vocab
 
-DEFAULT_PRESET = "demo-draft-model"
+DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (README, "The default job")
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
 
@@ -236,7 +236,8 @@ def _drafter(args, target, draft_model=None, draft_tokenizer=None):
 
 
 def config_from_args(args) -> SpeculativeConfig:
-    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`)."""
+    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`); `--draft`
+    without `--method` over a preset whose method takes no draft model switches to `draft-model`."""
     flags = {
         "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
         "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
@@ -245,6 +246,8 @@ def config_from_args(args) -> SpeculativeConfig:
         "draft_vocab_size": args.draft_vocab_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
     }
     config = SpeculativeConfig.from_pretrained(args.preset)
+    if args.draft is not None and args.method is None and "draft_model" not in method_fields(config.method):
+        flags["method"] = "draft-model"  # --draft alone over a preset without a draft model (the default's)
     return config.override(**{name: value for name, value in flags.items() if value is not None})
 
 

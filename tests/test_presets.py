@@ -122,6 +122,9 @@ def test_every_card_exports_to_vllm_or_raises_the_documented_error(name):
     if config.method in NOT_EXPORTABLE:
         with pytest.raises(ValueError, match=NOT_EXPORTABLE[config.method]):
             config.to_vllm()
+    elif config.tree is not None:  # a learned head's token tree: vLLM drafts chains here
+        with pytest.raises(ValueError, match="has no vLLM equivalent in this export"):
+            config.to_vllm()
     elif config.verification in ("typical", "top_k"):
         with pytest.raises(ValueError, match=f"verification='{config.verification}' is relaxed"):
             config.to_vllm()
@@ -304,3 +307,11 @@ def test_cli_presets_lists_every_bundled_preset_on_one_line(capsys):
             assert line.split()[-2:] == ["-", "-"]
         else:
             assert f"{results['speedup']:.2f}x" in line and line.endswith(results["hardware"])
+
+def test_draft_alone_over_a_preset_without_a_draft_model_drafts_with_it():
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft"])
+    assert args.preset == "demo-prompt-lookup"  # the default preset: prompt lookup, no draft model
+    config = cli.config_from_args(args)
+    assert (config.method, config.draft_model, config.max_ngram_size) == ("draft-model", "org/draft", None)
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", "--method", "tree"])
+    assert cli.config_from_args(args).method == "tree"
