@@ -7,7 +7,7 @@ from pathlib import Path
 
 from . import presets
 from .build import VERIFIER_PARAMS, build
-from .drafters import DRAFTERS
+from .drafters import DRAFTERS, tree_shape
 from .drafters.prompt_lookup import MATCH_RULES
 from .quantization import QUANTIZATIONS
 from .schedules import SCHEDULES
@@ -206,10 +206,13 @@ class SpeculativeConfig:
         return self.method in TARGET_COPY_METHODS and self.draft_model is None and self.draft_quantization is not None
 
     def resolved(self, name: str):
-        """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`)."""
+        """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`); a
+        learned head's `tree` sets the number of draft tokens to its depth."""
         value = getattr(self, name)
         if value is not None or self.method not in DRAFTERS:
             return value
+        if name == "num_draft_tokens" and self.method in HEAD_METHODS and self.tree is not None:
+            return tree_shape(self.tree).depth
         parameter = inspect.signature(DRAFTERS[self.method]).parameters.get(name)
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
