@@ -106,3 +106,18 @@ def test_head_presets_export_to_vllm_where_vllm_reads_the_checkpoint(heads):
 def test_tree_methods_draft_a_tree_without_tree_options(method):
     config = method_config(method, draft_model="org/draft", eagle_head="org/eagle", medusa_head="org/medusa")
     assert config.tree == {}  # DynamicTree's defaults, never a chain
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "goodput"])
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_head_drafters_stay_exact_under_adaptive_draft_lengths(target, heads, method, schedule):
+    """Steps without a draft call no propose: the heads must still see every committed token's features."""
+    head = heads["medusa_head" if method == "medusa" else "eagle_head"]
+    config = hs.SpeculativeConfig(method=method, draft_model=head, num_draft_tokens=3,
+                                  num_draft_tokens_schedule=schedule)
+    expected = plain_generate(target, prompt_ids("random"), max_new_tokens=40)
+    out = target.generate(prompt_ids("random"), custom_generate=hs.generate, speculative_config=config,
+                          do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
+    assert_same_tokens(out.sequences, expected)
+    if schedule == "goodput":  # random heads are rejected: the schedule falls back to plain steps
+        assert out.speculative_stats.num_steps_without_draft > 0
