@@ -108,6 +108,14 @@ def check_draft_vocab(draft_vocab) -> torch.LongTensor:
     return ids
 
 
+def widen_logits(logits: torch.FloatTensor, token_ids: torch.LongTensor, vocab_size: int) -> torch.FloatTensor:
+    """Draft-vocabulary logits `(..., n)` laid out in the full vocabulary `(..., vocab_size)`: column i goes to token
+    `token_ids[i]`, every other token gets the lowest logit (probability 0 after a softmax)."""
+    full = logits.new_full((*logits.shape[:-1], vocab_size), torch.finfo(logits.dtype).min)
+    full[..., token_ids] = logits
+    return full
+
+
 class DraftVocabHead:
     """An LM head that scores only the token ids of a draft vocabulary and gives the others the lowest logit.
 
@@ -143,7 +151,5 @@ class DraftVocabHead:
 
     def __call__(self, hidden_states: torch.FloatTensor) -> torch.FloatTensor:
         """Logits `(..., vocab_size)` of normed hidden states `(..., hidden_size)`, lowest outside the vocabulary."""
-        rows = torch.nn.functional.linear(hidden_states, self.weight, self.bias)
-        logits = rows.new_full((*rows.shape[:-1], self.vocab_size), torch.finfo(rows.dtype).min)
-        logits[..., self.token_ids] = rows
-        return logits
+        return widen_logits(torch.nn.functional.linear(hidden_states, self.weight, self.bias), self.token_ids,
+                            self.vocab_size)

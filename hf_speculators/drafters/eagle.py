@@ -11,6 +11,7 @@ from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
 from ..tree import TokenTree
 from ..types import Draft
+from ..vocab import widen_logits
 from .feature import FeatureDrafter
 from .tree import DynamicTree, StaticTree, grow_tree, tree_shape
 
@@ -117,8 +118,7 @@ class EagleDrafter(FeatureDrafter):
         """Draft-vocabulary logits `(q, draft_vocab)` laid out in the target's vocabulary, lowest elsewhere."""
         if self._draft_to_target is None:
             return logits
-        full = logits.new_full((logits.shape[0], self._vocab_size), torch.finfo(logits.dtype).min)
-        return full.index_copy_(1, self._draft_to_target, logits)
+        return widen_logits(logits, self._draft_to_target, self._vocab_size)
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
