@@ -102,3 +102,100 @@ def keep_accepted(cache: Cache, accepted_nodes: torch.LongTensor, num_nodes: int
             layer.keys[..., start : start + num_accepted, :] = layer.keys[..., rows, :]
             layer.values[..., start : start + num_accepted, :] = layer.values[..., rows, :]
     rollback(cache, num_nodes - num_accepted)
+
+
+def check_batch_support(cache: Cache) -> None:
+    """Raises `ValueError` unless `cache` is empty and every layer is a full-attention `DynamicLayer`.
+
+    A batch keeps rejected draft slots as masked holes (`RaggedCache`): a sliding-window layer counts its window in
+    cache slots, holes included, and a linear-attention state cannot skip a slot.
+    """
+    unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if unsupported:
+        raise ValueError(
+            f"Speculative generate with batch size > 1 needs full-attention cache layers; this model's cache has "
+            f"{unsupported}. Call generate once per prompt."
+        )
+    if cache.get_seq_length() > 0:
+        raise ValueError(
+            "Speculative generate with batch size > 1 needs an empty past_key_values: the rows' cached tokens cannot "
+            "be told apart. Pass no cache (or a fresh DynamicCache)."
+        )
+
+
+class RaggedCache:
+    """A `DynamicCache` whose rows hold different numbers of tokens, for speculative decoding of a batch.
+
+    Rows accept different numbers of draft tokens, but a `DynamicCache` has one sequence axis for the whole batch
+    (`crop` is batch-wide). Here every forward appends the same number of slots to every row, and the slots a row
+    does not keep (its rejected draft tokens, the padding of a shorter query, the prompt's left padding) become
+    *holes*: slots the attention mask hides. Position ids count each row's own tokens, so a row sees exactly the
+    attention and positions it would have alone. Slots that are holes in every row at the end are cropped at once;
+    when the widest row has `max_holes` more slots than tokens, every row is compacted (its tokens gathered to the
+    right end, left-padded), which bounds the memory to `batch_size * (max_tokens + max_holes)` slots per layer.
+    This is the masking design of "Batch Speculative Decoding Done Right" (Zhang et al. 2025, arXiv 2510.22876,
+    section on ragged tensors) with periodic compaction; `max_holes=0` realigns after every step, as BASS-PAD and
+    transformers PR #32189 do.
+
+    Args:
+        cache (`DynamicCache`): an empty cache, or one whose slots `valid` describes.
+        valid (`torch.BoolTensor` of shape `(batch_size, num_slots)`): which slots of each row hold a token.
+        max_holes (`int`, defaults to 32): hole slots the widest row may carry before all rows are compacted.
+    """
+
+    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32):
+        self.cache, self.valid, self.max_holes = cache, valid, max_holes
+        self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+    def inputs(self, new_valid: torch.BoolTensor) -> tuple[torch.LongTensor, torch.LongTensor]:
+        """The `attention_mask` `(batch_size, num_slots + num_query)` and `position_ids` `(batch_size, num_query)` of
+        a forward whose query slot j of row i holds a token when `new_valid[i, j]` (a hole otherwise)."""
+        mask = torch.cat([self.valid, new_valid], dim=1).long()
+        position_ids = (self.lengths[:, None] + new_valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        return mask, position_ids
+
+    def append(self, new_valid: torch.BoolTensor) -> None:
+        """After a forward of `num_query` slots per row: which of them each row keeps, `(batch_size, num_query)`.
+
+        The others (rejected draft tokens, padding) become holes."""
+        self.valid = torch.cat([self.valid, new_valid.to(self.valid.device)], dim=1)
+        self.lengths = self.valid.sum(dim=1)
+        self._trim()
+
+    def truncate(self, lengths: torch.LongTensor) -> None:
+        """Keeps the first `lengths[i]` tokens of row i (no-op for a row holding that many or fewer)."""
+        position = self.valid.long().cumsum(dim=1)  # [batch_size, num_slots] the 1-based index of each token
+        self.valid = self.valid & (position <= lengths[:, None])
+        self.lengths = self.valid.sum(dim=1)
+        self._trim()
+
+    def select(self, rows: torch.LongTensor) -> None:
+        """Keeps the batch rows `rows` (indices into the current batch), e.g. to drop finished sequences."""
+        self.cache.batch_select_indices(rows)
+        self.valid, self.lengths = self.valid[rows], self.lengths[rows]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Crops the slots that are holes in every row at the right end; compacts past `max_holes` holes."""
+        occupied = self.valid.any(dim=0).nonzero()
+        num_slots = int(occupied[-1]) + 1 if len(occupied) else 0
+        rollback(self.cache, self.valid.shape[1] - num_slots)
+        self.valid = self.valid[:, :num_slots]
+        if self.batch_size and num_slots - int(self.lengths.max()) > self.max_holes:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gathers every row's tokens, in order, to the right end of `max(lengths)` slots (left padding first)."""
+        width = int(self.lengths.max())
+        # stable sort of 0/1: holes first, then the row's tokens in their order; the last `width` slots are kept
+        order = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, self.valid.shape[1] - width:]
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                index = order.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
+                                                                              layer.keys.shape[-1])
+                layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+        self.valid = torch.arange(width, device=self.valid.device) >= width - self.lengths[:, None]

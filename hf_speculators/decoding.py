@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .cache import check_tree_support, keep_accepted, prepare_cache, truncate
+from .batch_decoding import BatchedSpeculativeDecoding, left_padding
+from .cache import check_batch_support, check_tree_support, keep_accepted, prepare_cache, truncate
 from .config import SpeculativeConfig
 from .drafters import Drafter
 from .metrics import SpeculativeStats, clock
+from .outputs import SpeculativeGenerateOutput, commit_tokens
 from .sampling import process_logits
 from .schedules import DraftLengthSchedule, check_schedule, make_schedule
 from .tree import TokenTree
@@ -20,17 +21,6 @@ from .verifiers import Verifier, resolve_verifier
 
 # model_kwargs that transformers prepares for a decoding method; the loop sets its own forward arguments
 HANDLED_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "past_key_values", "logits_to_keep"}
-
-
-@dataclass
-class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
-    """transformers' `GenerateDecoderOnlyOutput` with the speculative figures of the call added.
-
-    Attributes:
-        speculative_stats (`SpeculativeStats`): acceptance figures, timings and whether the output is lossless.
-    """
-
-    speculative_stats: SpeculativeStats | None = None
 
 
 def _check_inputs(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, drafter, model_kwargs) -> None:
@@ -47,22 +37,37 @@ def _check_inputs(model, input_ids: torch.LongTensor, generation_config: Generat
         raise ValueError(f"Beam search (num_beams={generation_config.num_beams}) is not supported: set num_beams=1.")
     if generation_config.num_return_sequences > 1:
         raise ValueError(
-            f"num_return_sequences={generation_config.num_return_sequences} is not supported: set it to 1 and call "
-            "generate once per sample (batching is planned)."
-        )
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"Batch size {input_ids.shape[0]} is not supported yet: speculative generate runs one sequence at a "
-            "time (batching is planned). Call generate once per prompt."
+            f"num_return_sequences={generation_config.num_return_sequences} is not supported: set it to 1 and "
+            "repeat the prompt in the batch instead (one row per sample)."
         )
     if input_ids.shape[1] == 0:
         raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
     attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is not None and not bool(attention_mask.all()):
+    if input_ids.shape[0] == 1 and attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError("The attention mask has padding; a single sequence needs none. Pass the prompt unpadded.")
     unknown = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_KWARGS and v is not None)
     if unknown:
         raise ValueError(f"Speculative generate does not support these model inputs: {unknown}.")
+
+
+def _check_batch(drafter: Drafter, generation_config: GenerationConfig, streamer) -> int:
+    """Raises `ValueError` for what a batch (batch size > 1) does not serve; returns the pad token id."""
+    drafter.check_batch_support()
+    if streamer is not None:
+        raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch.")
+    if generation_config.output_scores or generation_config.output_logits:
+        raise ValueError(
+            "output_scores and output_logits are not supported with batch size > 1 (rows take different numbers "
+            "of steps): use batch size 1 for them."
+        )
+    eos = generation_config.eos_token_id
+    pad = generation_config.pad_token_id
+    pad = pad if pad is not None else (eos if isinstance(eos, int) or eos is None else eos[0])
+    if pad is None:
+        raise ValueError(
+            "A batch needs pad_token_id (or eos_token_id) to pad the shorter rows: pass pad_token_id= to generate."
+        )
+    return int(pad)
 
 
 @dataclass(frozen=True)
@@ -182,20 +187,15 @@ class _SpeculativeDecoding:
         return input_ids, finished
 
     def _commit(self, input_ids, new_tokens, rows, scores, logits) -> tuple[torch.LongTensor, int, bool]:
-        """Appends `new_tokens` one by one (token i scored by row `rows[i]`) until a stopping criterion is met."""
-        finished = False
-        for i, (token, row) in enumerate(zip(new_tokens, rows)):
-            input_ids = torch.cat([input_ids, token.view(1, 1)], dim=-1)
-            if self.scores is not None:
-                self.scores.append(scores[row : row + 1])
-            if self.raw_logits is not None:
-                self.raw_logits.append(logits[row : row + 1].float())
-            if self.stopping_criteria(input_ids, scores[row : row + 1]).any():
-                finished = True
-                break
+        """Appends `new_tokens` (token i scored by row `rows[i]`) until a stopping criterion is met."""
+        input_ids, committed, finished = commit_tokens(input_ids, new_tokens, scores[rows], self.stopping_criteria)
+        if self.scores is not None:
+            self.scores.extend(scores[row : row + 1] for row in rows[:committed])
+        if self.raw_logits is not None:
+            self.raw_logits.extend(logits[row : row + 1].float() for row in rows[:committed])
         if self.streamer is not None:
-            self.streamer.put(new_tokens[: i + 1].cpu())
-        return input_ids, i + 1, finished
+            self.streamer.put(new_tokens[:committed].cpu())
+        return input_ids, committed, finished
 
     def output(self, input_ids: torch.LongTensor) -> SpeculativeGenerateOutput:
         truncate(self.cache, input_ids.shape[1] - 1)  # as after plain generate: every token but the last
@@ -290,22 +290,49 @@ def generate(
     )
     _check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
     verifier = resolve_verifier(verifier, generation_config.do_sample)
+    batched = input_ids.shape[0] > 1
+    pad_token_id = _check_batch(candidate_generator, generation_config, speculative_streamer) if batched else None
+    num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batched else None
     cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
+    if batched:
+        check_batch_support(cache)
     generator = generator if generator is not None else _default_generator(input_ids.device)
     candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer, cache)
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
-    run = _SpeculativeDecoding(model, candidate_generator, verifier, schedule, cache, generation_config,
-                               logits_processor, stopping_criteria, generator, speculative_streamer)
-    if speculative_streamer is not None:
-        speculative_streamer.put(input_ids.cpu())
+    if batched:
+        output = _generate_batch(model, candidate_generator, verifier, schedule, cache, generation_config,
+                                 logits_processor, stopping_criteria, generator, pad_token_id, input_ids, num_pads)
+    else:
+        output = _generate_one(model, candidate_generator, verifier, schedule, cache, generation_config,
+                               logits_processor, stopping_criteria, generator, speculative_streamer, input_ids)
+    return output if generation_config.return_dict_in_generate else output.sequences
+
+
+def _generate_one(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
+                  stopping_criteria, generator, streamer, input_ids) -> SpeculativeGenerateOutput:
+    """The loop for one sequence."""
+    run = _SpeculativeDecoding(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
+                               stopping_criteria, generator, streamer)
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
     run.prefill(input_ids)
     finished = False
     while not finished:
         input_ids, finished = run.step(input_ids)
-    if speculative_streamer is not None:
-        speculative_streamer.end()
-    output = run.output(input_ids)
-    return output if generation_config.return_dict_in_generate else output.sequences
+    if streamer is not None:
+        streamer.end()
+    return run.output(input_ids)
+
+
+def _generate_batch(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
+                    stopping_criteria, generator, pad_token_id, input_ids, num_pads) -> SpeculativeGenerateOutput:
+    """The loop for a batch of left-padded prompts (`BatchedSpeculativeDecoding`)."""
+    run = BatchedSpeculativeDecoding(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
+                                     stopping_criteria, generator, pad_token_id)
+    run.prefill(input_ids, num_pads)
+    while not run.step():
+        pass
+    return run.output()
 
 
 def _take_stop_strings(model, kwargs: dict):

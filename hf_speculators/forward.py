@@ -6,6 +6,7 @@ import inspect
 import torch
 from transformers import Cache
 
+from .cache import RaggedCache
 from .tree import TokenTree
 
 
@@ -43,3 +44,29 @@ def forward_logits(
         position_ids=tree.position_ids(num_prefix, num_query).to(input_ids.device), **extra,
     ).logits
     return logits[0, -num_logits:]
+
+
+def forward_batch_logits(model, cache: RaggedCache, input_ids: torch.LongTensor, new_valid: torch.BoolTensor,
+                         num_logits: int | None = None) -> torch.FloatTensor:
+    """Runs `model` over one query of `num_query` slots per row after the ragged `cache`; returns every slot's logits.
+
+    Slot j of row i holds a token when `new_valid[i, j]`; the others (the padding of a shorter row) are masked out
+    and get positions that nothing reads. Every row sees its own tokens at its own positions (`RaggedCache.inputs`).
+    The caller then says which new slots each row keeps (`RaggedCache.append`).
+
+    Args:
+        model (`PreTrainedModel`): a causal LM.
+        cache (`RaggedCache`): its cache, one row per sequence.
+        input_ids (`torch.LongTensor` of shape `(batch_size, num_query)`): the tokens to feed (any id in a hole).
+        new_valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): which slots hold a token.
+        num_logits (`int`, *optional*): how many slots' logits to compute, from the end (default: all).
+
+    Returns:
+        `torch.FloatTensor` of shape `(batch_size, num_logits or num_query, vocab_size)`.
+    """
+    attention_mask, position_ids = cache.inputs(new_valid)
+    extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
+    return model(
+        input_ids=input_ids, past_key_values=cache.cache, attention_mask=attention_mask.to(input_ids.device),
+        position_ids=position_ids.to(input_ids.device), use_cache=True, **extra,
+    ).logits

@@ -34,6 +34,9 @@ class SpeculativeStats:
             sampling: in distribution).
         verifier (`str`): the verifier's name.
         drafter (`str`): the drafter's description.
+        row_stats (`list[SpeculativeStats]`): for a batch, each row's own figures (its timings are not split
+            out: they stay 0); the call's figures are then their totals, with `num_steps` counting every row's
+            steps and `num_target_forwards` the batched forwards. Empty for a single sequence.
     """
 
     num_target_forwards: int = 0
@@ -50,6 +53,17 @@ class SpeculativeStats:
     lossless: bool = True
     verifier: str = ""
     drafter: str = ""
+    row_stats: list["SpeculativeStats"] = field(default_factory=list)
+
+    def add(self, other: "SpeculativeStats") -> None:
+        """Adds the step and token counts of `other` (a row of a batch) to these; forwards and timings stay."""
+        for name in ("num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_generated_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("drafted_per_position", "accepted_per_position", "draft_lengths"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine += [0] * (len(theirs) - len(mine))
+            for i, count in enumerate(theirs):
+                mine[i] += count
 
     def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int, depth: int | None = None,
                draft_length: int | None = None) -> None:
@@ -100,6 +114,7 @@ class SpeculativeStats:
         """All fields and derived figures, JSON-serialisable."""
         return {
             **asdict(self),
+            "row_stats": [row.to_dict() for row in self.row_stats],
             "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_rate_per_position": self.acceptance_rate_per_position,

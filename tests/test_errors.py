@@ -21,7 +21,6 @@ def padding_mask(first: int = 1, last: int = 1) -> torch.Tensor:
 
 
 GENERATE_ERRORS = {
-    "batch": (dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]])), r"Batch size 2 is not supported"),
     "beams": (dict(num_beams=2), r"Beam search \(num_beams=2\) is not supported"),
     "num_return_sequences": (dict(num_return_sequences=2, do_sample=True), r"num_return_sequences=2 is not supported"),
     # rejected by transformers' GenerationConfig validation before our code runs; its message is clear

@@ -41,10 +41,10 @@ def proposal(drafter: hs.PromptLookupDrafter, tokens: list[int], max_tokens: int
     return draft.token_ids.tolist()
 
 
-def count_index_resets(drafter, monkeypatch) -> list:
+def count_index_resets(index, monkeypatch) -> list:
     resets = []
-    original = drafter._reset_index
-    monkeypatch.setattr(drafter, "_reset_index", lambda: (resets.append(1), original())[1])
+    original = index._reset
+    monkeypatch.setattr(index, "_reset", lambda: (resets.append(1), original())[1])
     return resets
 
 
@@ -58,7 +58,8 @@ def test_incremental_index_matches_brute_force(monkeypatch, seed, prefer, ngram_
     eos = 3
     drafter = prepared_drafter(eos_token_id=eos, num_draft_tokens=5, min_ngram_size=min_ngram_size,
                                max_ngram_size=max_ngram_size, prefer=prefer)
-    resets = count_index_resets(drafter, monkeypatch)
+    index = drafter._index(0)
+    resets = count_index_resets(index, monkeypatch)
     tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 5))]
     num_matches = 0
     while len(tokens) < 120:
@@ -70,7 +71,7 @@ def test_incremental_index_matches_brute_force(monkeypatch, seed, prefer, ngram_
     assert resets == []  # the index grew with the sequence, it was never rebuilt
     assert num_matches > 20  # the comparison is not vacuous
     # every n-gram's follower positions were appended once each, in order
-    for positions in drafter._followers.values():
+    for positions in index._followers.values():
         assert positions == sorted(set(positions))
 
 

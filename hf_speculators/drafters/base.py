@@ -68,6 +68,25 @@ class Drafter(CandidateGenerator):
         """Returns a draft continuing `input_ids` of shape `(1, sequence_length)`, no path longer than `max_tokens`."""
         raise NotImplementedError(f"{type(self).__name__} must implement propose(input_ids, max_tokens)")
 
+    def check_batch_support(self) -> None:
+        """Raises `ValueError` unless this drafter can draft for a batch of several sequences (`propose_batch`)."""
+        raise ValueError(
+            f"{type(self).__name__} cannot draft for a batch of several sequences yet: use PromptLookupDrafter or "
+            "DraftModelDrafter for batches, or call generate once per prompt."
+        )
+
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """Drafts for several sequences at once: one chain `Draft` per entry of `input_ids`.
+
+        Args:
+            input_ids (`list[torch.LongTensor]`): each sequence's committed tokens, shape `(1, sequence_length_i)`,
+                without padding.
+            max_tokens (`list[int]`): each sequence's length budget.
+            rows (`list[int]`): each sequence's row in the generate call's batch (increasing). A row that is absent
+                finished, and will not come back: a drafter with state per row may drop it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement propose_batch(input_ids, max_tokens, rows)")
+
     def target_forward(self, model, cache: Cache, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int,
                        num_logits: int) -> torch.FloatTensor:
         """The verification forward: the target's logits over the pending tokens and the draft's nodes.

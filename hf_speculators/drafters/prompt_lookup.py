@@ -9,6 +9,63 @@ from .base import Drafter
 MATCH_RULES = ("latest", "earliest")
 
 
+class NgramIndex:
+    """Maps every n-gram of one token sequence to the positions that followed its occurrences.
+
+    Updated incrementally with the tokens added since the last `update`, so a step costs O(max_ngram_size)
+    lookups, not a rescan of the text; a sequence that does not extend the indexed one starts the index over.
+
+    Args:
+        min_ngram_size (`int`): shortest n-gram indexed.
+        max_ngram_size (`int`): longest n-gram indexed.
+    """
+
+    def __init__(self, min_ngram_size: int, max_ngram_size: int):
+        self.min_ngram_size, self.max_ngram_size = min_ngram_size, max_ngram_size
+        self._reset()
+
+    def _reset(self) -> None:
+        self.tokens: list[int] = []
+        self._indexed_ids = torch.empty(0, dtype=torch.long)  # the same tokens as a tensor, to compare cheaply
+        self._followers: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after its occurrences
+
+    def update(self, input_ids: torch.LongTensor) -> None:
+        """Indexes the tokens of `input_ids` `(1, sequence_length)` not indexed yet."""
+        known = len(self.tokens)
+        if input_ids.shape[-1] < known or not torch.equal(input_ids[0, :known], self._indexed_ids[:known]):
+            self._reset()  # another sequence than the one indexed: start over
+            known = 0
+        self._indexed_ids = input_ids[0]
+        self.tokens.extend(input_ids[0, known:].tolist())
+        for position in range(max(known, 1), len(self.tokens)):
+            for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):
+                self._followers.setdefault(tuple(self.tokens[position - size : position]), []).append(position)
+
+    def match_starts(self, num_candidates: int, prefer: str) -> list[int]:
+        """Up to `num_candidates` positions whose continuation to copy, the best match first (see
+        `PromptLookupDrafter` for the rule `prefer` selects)."""
+        tokens, starts = self.tokens, []
+        for size in range(min(self.max_ngram_size, len(tokens)), self.min_ngram_size - 1, -1):
+            positions = self._followers.get(tuple(tokens[-size:]), [])
+            for start in reversed(positions) if prefer == "latest" else positions:
+                if len(starts) == num_candidates:
+                    return starts
+                if start not in starts:
+                    starts.append(start)
+        return starts
+
+    def copy_from(self, start: int, max_tokens: int) -> list[int]:
+        """The `max_tokens` tokens that followed position `start`, continued through the draft itself.
+
+        A copy that reaches the end of the text goes on copying its own draft tokens: after "a b a b" the match
+        of "a b" at position 0 drafts "a b a b ...", not just the two tokens before the end.
+        """
+        tokens, draft = self.tokens, []
+        for source in range(start, start + max_tokens):
+            draft.append(tokens[source] if source < len(tokens) else draft[source - len(tokens)])
+        return draft
+
+
 class PromptLookupDrafter(Drafter):
     """Drafts by n-gram matching over the prompt and the generated text (prompt lookup decoding, Saxena 2023).
 
@@ -24,9 +81,8 @@ class PromptLookupDrafter(Drafter):
     so continuations that agree share nodes and the target checks all of them in one forward. With the default
     `num_candidates=1` the draft is the chain described above.
 
-    The n-gram index maps every n-gram to the positions that followed it and is updated incrementally with the
-    tokens committed since the last step, so a step costs O(max_ngram_size) lookups, not a rescan of the text.
-    The draft is deterministic (`draft_probs=None`).
+    The n-gram index (`NgramIndex`, one per row of a batch) is updated incrementally with the tokens committed since
+    the last step. The draft is deterministic (`draft_probs=None`).
 
     Args:
         num_draft_tokens (`int`, defaults to 8): draft tokens per step (transformers: `prompt_lookup_num_tokens`).
@@ -58,52 +114,25 @@ class PromptLookupDrafter(Drafter):
         self.prefer = prefer
         self.num_candidates = num_candidates
         self.eos_token_ids: set[int] = set()
-        self._reset_index()
+        self._indexes: dict[int, NgramIndex] = {}  # batch row -> the n-gram index of its sequence
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
         eos = generation_config.eos_token_id
         self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
-        self._reset_index()
+        self._indexes = {}
 
-    def _reset_index(self) -> None:
-        self._tokens: list[int] = []
-        self._indexed_ids = torch.empty(0, dtype=torch.long)  # the same tokens as a tensor, to compare cheaply
-        self._followers: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after its occurrences
+    def check_batch_support(self) -> None:
+        if self.num_candidates > 1:
+            raise ValueError(
+                f"PromptLookupDrafter(num_candidates={self.num_candidates}) drafts token trees, which batch size > 1 "
+                "does not support yet: use num_candidates=1 (a chain), or call generate once per prompt."
+            )
 
-    def _update_index(self, input_ids: torch.LongTensor) -> None:
-        known = len(self._tokens)
-        if input_ids.shape[-1] < known or not torch.equal(input_ids[0, :known], self._indexed_ids[:known]):
-            self._reset_index()  # another sequence than the one indexed: start over
-            known = 0
-        self._indexed_ids = input_ids[0]
-        self._tokens.extend(input_ids[0, known:].tolist())
-        for position in range(max(known, 1), len(self._tokens)):
-            for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):
-                self._followers.setdefault(tuple(self._tokens[position - size : position]), []).append(position)
-
-    def _match_starts(self) -> list[int]:
-        """Up to `num_candidates` positions whose continuation to copy, the best match first."""
-        tokens, starts = self._tokens, []
-        for size in range(min(self.max_ngram_size, len(tokens)), self.min_ngram_size - 1, -1):
-            positions = self._followers.get(tuple(tokens[-size:]), [])
-            for start in reversed(positions) if self.prefer == "latest" else positions:
-                if len(starts) == self.num_candidates:
-                    return starts
-                if start not in starts:
-                    starts.append(start)
-        return starts
-
-    def _copy_from(self, start: int, max_tokens: int) -> list[int]:
-        """The `max_tokens` tokens that followed position `start`, continued through the draft itself.
-
-        A copy that reaches the end of the text goes on copying its own draft tokens: after "a b a b" the match
-        of "a b" at position 0 drafts "a b a b ...", not just the two tokens before the end.
-        """
-        tokens, draft = self._tokens, []
-        for source in range(start, start + max_tokens):
-            draft.append(tokens[source] if source < len(tokens) else draft[source - len(tokens)])
-        return draft
+    def _index(self, row: int) -> "NgramIndex":
+        if row not in self._indexes:
+            self._indexes[row] = NgramIndex(self.min_ngram_size, self.max_ngram_size)
+        return self._indexes[row]
 
     def _cut_after_eos(self, continuation: list[int]) -> list[int]:
         for i, token in enumerate(continuation):
@@ -111,10 +140,16 @@ class PromptLookupDrafter(Drafter):
                 return continuation[: i + 1]
         return continuation
 
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        self._update_index(input_ids)
-        continuations = [self._cut_after_eos(self._copy_from(start, max_tokens)) for start in self._match_starts()]
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int, row: int = 0) -> Draft:
+        index = self._index(row)
+        index.update(input_ids)
+        starts = index.match_starts(self.num_candidates, self.prefer)
+        continuations = [self._cut_after_eos(index.copy_from(start, max_tokens)) for start in starts]
         return Draft.from_lists(*trie_from_sequences(continuations), device=input_ids.device)
+
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """One n-gram index per row (keyed by the row's index in the batch); otherwise as `propose`."""
+        return [self.propose(ids, k, row) for ids, k, row in zip(input_ids, max_tokens, rows)]
 
     def __repr__(self) -> str:
         return (
