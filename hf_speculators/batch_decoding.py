@@ -4,7 +4,6 @@ import torch
 
 from .cache import RaggedCache
 from .drafters import Drafter
-from .forward import forward_batch_logits
 from .metrics import SpeculativeStats, clock
 from .outputs import SpeculativeGenerateOutput, commit_tokens
 from .sampling import process_logits
@@ -72,7 +71,7 @@ class BatchedSpeculativeDecoding:
         new_valid = torch.arange(input_ids.shape[1] - 1) >= torch.tensor(num_pads)[:, None]
         self.cache = RaggedCache(self._dynamic_cache, torch.zeros(input_ids.shape[0], 0, dtype=torch.bool))
         if input_ids.shape[1] > 1:
-            forward_batch_logits(self.model, self.cache, input_ids[:, :-1], new_valid, num_logits=1)
+            self.drafter.target_forward_batch(self.model, self.cache, input_ids[:, :-1], new_valid, num_logits=1)
             self.stats.num_target_forwards += 1
         self.cache.append(new_valid)
         self.stats.verify_time += clock(self.device) - start
@@ -108,7 +107,7 @@ class BatchedSpeculativeDecoding:
         verify_start = clock(self.device)
         # 2. one target forward over every row's pending token and draft tokens
         query, new_valid = self._query(drafts)
-        logits = forward_batch_logits(self.model, self.cache, query, new_valid)  # [num_rows, num_query, vocab]
+        logits = self.drafter.target_forward_batch(self.model, self.cache, query, new_valid)  # [rows, query, vocab]
         # 3. per row: logits processors, verification, commit until a stopping criterion
         num_kept, finished, num_accepted = [], [], []
         for i, (row, draft) in enumerate(zip(self.active, drafts)):

@@ -4,7 +4,8 @@ import torch
 from transformers import Cache, GenerationConfig, LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..forward import forward_logits
+from ..cache import RaggedCache
+from ..forward import forward_batch_logits, forward_logits
 from ..sampling import process_logits, sample
 from ..tree import TokenTree
 from ..types import Draft
@@ -86,6 +87,14 @@ class Drafter(CandidateGenerator):
                 finished, and will not come back: a drafter with state per row may drop it.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement propose_batch(input_ids, max_tokens, rows)")
+
+    def target_forward_batch(self, model, cache: RaggedCache, input_ids: torch.LongTensor,
+                             new_valid: torch.BoolTensor, num_logits: int | None = None) -> torch.FloatTensor:
+        """The verification (or prefill) forward of a batch: `forward_batch_logits`, same arguments and result.
+
+        A drafter that reads or reuses the target's forward (learned heads, layer skip) overrides it, as it does
+        `target_forward` for one sequence."""
+        return forward_batch_logits(model, cache, input_ids, new_valid, num_logits)
 
     def target_forward(self, model, cache: Cache, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int,
                        num_logits: int) -> torch.FloatTensor:
