@@ -28,7 +28,14 @@ class LayerSkipDrafter(Drafter):
     recipe: layer dropout and an early-exit loss, as the demo target was). Runs only inside
     `hf_speculators.generate`, on the model types of `DecoderLayers` (Llama, Mistral, Qwen2, Qwen3, GPT-NeoX,
     GPT-2). With sampling, `draft_probs` are the early exit's processed distribution, so rejection sampling stays
-    lossless. If drafting or verification raises, the cache is restored to its state before the step.
+    lossless. If drafting or verification of one sequence raises, the cache is restored to its state before the
+    step.
+
+    A batch (`propose_batch`) drafts every row at once, one slot per row and pass, through the batch's
+    `hf_speculators.cache.RaggedCache` (its attention mask and per-row positions); a row whose draft has ended
+    feeds a hole. Layers < E then hold exactly the slots of the verification query, and `target_forward_batch`
+    appends the same slots to layers >= E, so every layer holds the same slots and the KV reuse is as above. A
+    batched step that raises is not undone: a batch's cache is of no use outside its call.
 
     Args:
         exit_layer (`int`): E, the number of layers that draft, from 1 to the target's layers minus one.
@@ -169,7 +176,7 @@ class LayerSkipDrafter(Drafter):
             exit_hidden.append(self._early_layers_batch(ragged, fed, step_valid))
             if not drafting.any():
                 break
-            drafted, fed = drafting.clone(), fed.clone()  # rows without a token feed a hole (its id is never read)
+            drafted, fed = drafting.clone(), fed.clone()  # a row without a token feeds a hole (masked, unused)
             logits = self._layers.logits(exit_hidden[-1][drafted.to(fed.device), -1], self._draft_head)
             for row_logits, i in zip(logits, drafted.nonzero()[:, 0].tolist()):
                 token, token_probs = self._draft_token(prefixes[i], row_logits[None],
