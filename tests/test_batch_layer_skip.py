@@ -1,10 +1,13 @@
 """LayerSkipDrafter on a batch: every row its own plain greedy output, every layer of the cache fed the same slots."""
 
+import functools
+
 import pytest
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 import hf_speculators as hs
+import hf_speculators.batch_decoding as batch_decoding
 from hf_speculators.cache import RaggedCache
 from hf_speculators.layers import DecoderLayers
 from speculative_helpers import PROMPTS
@@ -92,6 +95,15 @@ def test_every_layer_sees_each_slot_once_and_no_full_forward_runs_after_prefill(
     stats = out.speculative_stats
     assert stats.num_drafts > 0
     assert len(full_forwards) < stats.num_target_forwards  # the steps with a draft ran no whole forward
+    assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
+
+
+@pytest.mark.parametrize("max_holes", [0, 10**6])
+def test_compacting_every_step_or_never_changes_nothing(deep_targets, monkeypatch, max_holes):
+    """Compaction gathers every layer's slots, the drafted early ones included; holes may also pile up."""
+    monkeypatch.setattr(batch_decoding, "RaggedCache", functools.partial(RaggedCache, max_holes=max_holes))
+    model = deep_targets["gpt_neox"]
+    out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3))
     assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
 
 
