@@ -78,30 +78,44 @@ class DecoderLayers:
         self.dtype = model.dtype
 
     def embed(self, input_ids: torch.LongTensor, position_ids: torch.LongTensor) -> torch.FloatTensor:
-        """Hidden states `(1, num_tokens, hidden_size)` entering the first layer, for `input_ids` `(1, num_tokens)`."""
+        """Hidden states `(batch_size, num_tokens, hidden_size)` entering the first layer, for `input_ids` and
+        `position_ids` `(batch_size, num_tokens)`."""
         hidden_states = self.embeddings(input_ids)
         if self.learned_positions is not None:
             hidden_states = hidden_states + self.learned_positions(position_ids)
         return hidden_states
 
+    def chain_mask(self, num_prefix: int, num_tokens: int, device: torch.device) -> torch.FloatTensor | None:
+        """The causal mask of the last `num_tokens` of `num_prefix` tokens of one sequence (see `run`): `None` for
+        one token, which attends to every cached token, else `(1, 1, num_tokens, num_prefix)`."""
+        if num_tokens == 1:
+            return None
+        return TokenTree.chain(0, device).attention_mask(num_prefix, num_tokens, self.dtype)
+
+    def padded_mask(self, attention_mask: torch.LongTensor, num_tokens: int) -> torch.FloatTensor:
+        """The causal mask `(batch_size, 1, num_tokens, num_slots)` of the last `num_tokens` slots of a batch whose
+        2D `attention_mask` `(batch_size, num_slots)` hides padding and holes (`hf_speculators.cache.RaggedCache`).
+        """
+        causal = TokenTree.chain(0, attention_mask.device).attention_mask(attention_mask.shape[1], num_tokens,
+                                                                          self.dtype)
+        return causal.masked_fill(attention_mask[:, None, None, :] == 0, torch.finfo(self.dtype).min)
+
     def run(self, hidden_states: torch.FloatTensor, position_ids: torch.LongTensor, layers: range, cache: Cache,
-            num_prefix: int) -> torch.FloatTensor:
-        """Runs decoder layers `layers` over `hidden_states` `(1, num_tokens, hidden_size)`, causally after the cache.
+            mask: torch.FloatTensor | None) -> torch.FloatTensor:
+        """Runs decoder layers `layers` over `hidden_states` after the tokens each of them holds in `cache`.
 
         Args:
-            hidden_states (`torch.FloatTensor` of shape `(1, num_tokens, hidden_size)`): the input of `layers[0]`.
-            position_ids (`torch.LongTensor` of shape `(1, num_tokens)`): the tokens' positions.
+            hidden_states (`torch.FloatTensor` of shape `(batch_size, num_tokens, hidden_size)`): the input of
+                `layers[0]`.
+            position_ids (`torch.LongTensor` of shape `(batch_size, num_tokens)`): the tokens' positions.
             layers (`range`): the layer indices to run, in order.
-            cache (`Cache`): the model's cache; each of `layers` holds the `num_prefix - num_tokens` tokens before.
-            num_prefix (`int`): tokens cached or fed, the fed ones included.
+            cache (`Cache`): the model's cache; each of `layers` holds the same slots before the call.
+            mask (`torch.FloatTensor` of shape `(batch_size, 1, num_tokens, num_cached + num_tokens)`, *optional*):
+                the additive attention mask (`chain_mask` or `padded_mask`); `None` for one sequence's one token.
 
         Returns:
-            `torch.FloatTensor` of shape `(1, num_tokens, hidden_size)`: the output of `layers[-1]`.
+            `torch.FloatTensor` of shape `(batch_size, num_tokens, hidden_size)`: the output of `layers[-1]`.
         """
-        num_tokens = hidden_states.shape[1]
-        mask = None  # one query token attends to every cached token: no mask needed
-        if num_tokens > 1:
-            mask = TokenTree.chain(0, hidden_states.device).attention_mask(num_prefix, num_tokens, self.dtype)
         extra = {self.cache_argument: cache, "attention_mask": mask, "position_ids": position_ids, "use_cache": True}
         if self.rotary is not None:
             extra["position_embeddings"] = self.rotary(hidden_states, position_ids=position_ids)

@@ -2,7 +2,7 @@
 
 import torch
 
-from ..cache import check_layerwise_support, truncate_layers
+from ..cache import RaggedCache, check_layerwise_support, truncate_layers
 from ..layers import DecoderLayers
 from ..tree import TokenTree
 from ..types import Draft
@@ -28,7 +28,14 @@ class LayerSkipDrafter(Drafter):
     recipe: layer dropout and an early-exit loss, as the demo target was). Runs only inside
     `hf_speculators.generate`, on the model types of `DecoderLayers` (Llama, Mistral, Qwen2, Qwen3, GPT-NeoX,
     GPT-2). With sampling, `draft_probs` are the early exit's processed distribution, so rejection sampling stays
-    lossless. If drafting or verification raises, the cache is restored to its state before the step.
+    lossless. If drafting or verification of one sequence raises, the cache is restored to its state before the
+    step.
+
+    A batch (`propose_batch`) drafts every row at once, one slot per row and pass, through the batch's
+    `hf_speculators.cache.RaggedCache` (its attention mask and per-row positions); a row whose draft has ended
+    feeds a hole. Layers < E then hold exactly the slots of the verification query, and `target_forward_batch`
+    appends the same slots to layers >= E, so every layer holds the same slots and the KV reuse is as above. A
+    batched step that raises is not undone: a batch's cache is of no use outside its call.
 
     Args:
         exit_layer (`int`): E, the number of layers that draft, from 1 to the target's layers minus one.
@@ -63,6 +70,7 @@ class LayerSkipDrafter(Drafter):
         self.exit_layer, self.confidence_threshold = exit_layer, confidence_threshold
         self.draft_vocab = None if draft_vocab is None else check_draft_vocab(draft_vocab)
         self._layers = self._cache = self._exit_hidden = self._no_draft = self._draft_head = None
+        self._ragged = self._drafted_valid = None  # a batch's RaggedCache and the slots of its last draft
 
     def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
         super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
@@ -78,7 +86,7 @@ class LayerSkipDrafter(Drafter):
                 f"layers; choose an exit layer from 1 to {layers.num_layers - 1}."
             )
         check_layerwise_support(cache, generation_config.max_length)
-        self._layers, self._cache, self._exit_hidden = layers, cache, None
+        self._layers, self._cache, self._exit_hidden, self._ragged = layers, cache, None, None
         self._draft_head = None if self.draft_vocab is None else DraftVocabHead(layers.head, self.draft_vocab)
         self._no_draft = TokenTree.chain(0, target.device)  # the positions of committed tokens
 
@@ -86,7 +94,8 @@ class LayerSkipDrafter(Drafter):
         """Layer-E hidden states `(1, n, hidden_size)` of `input_ids` `(1, n)`, the last n of `num_prefix` tokens."""
         position_ids = self._no_draft.position_ids(num_prefix, input_ids.shape[1])
         hidden_states = self._layers.embed(input_ids, position_ids)
-        return self._layers.run(hidden_states, position_ids, range(self.exit_layer), self._cache, num_prefix)
+        mask = self._layers.chain_mask(num_prefix, input_ids.shape[1], input_ids.device)
+        return self._layers.run(hidden_states, position_ids, range(self.exit_layer), self._cache, mask)
 
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
@@ -124,12 +133,87 @@ class LayerSkipDrafter(Drafter):
             raise RuntimeError("LayerSkipDrafter.target_forward must score the chain its last propose() drafted.")
         try:
             position_ids = tree.position_ids(num_prefix, num_tokens).to(input_ids.device)
+            mask = self._layers.chain_mask(num_total, num_tokens, input_ids.device)
             late = range(self.exit_layer, self._layers.num_layers)
-            hidden_states = self._layers.run(exit_hidden, position_ids, late, cache, num_total)
+            hidden_states = self._layers.run(exit_hidden, position_ids, late, cache, mask)
         except BaseException:
             truncate_layers(cache, num_total - num_tokens)
             raise
         return self._layers.logits(hidden_states[0, -num_logits:])
+
+    def check_batch_support(self) -> None:
+        """Passes: layer skip drafts a chain per row of a batch (`propose_batch`)."""
+
+    def _early_layers_batch(self, ragged: RaggedCache, input_ids: torch.LongTensor,
+                            step_valid: torch.BoolTensor) -> torch.FloatTensor:
+        """Layer-E hidden states `(batch_size, 1, hidden_size)` of `input_ids` `(batch_size, 1)`, fed into the last of
+        this step's slots `step_valid` `(batch_size, num_fed)` (a hole in the rows whose draft has ended)."""
+        attention_mask, position_ids = ragged.inputs(step_valid)
+        position_ids = position_ids[:, -1:].to(input_ids.device)
+        mask = self._layers.padded_mask(attention_mask.to(input_ids.device), 1)
+        hidden_states = self._layers.embed(input_ids, position_ids)
+        return self._layers.run(hidden_states, position_ids, range(self.exit_layer), ragged.cache, mask)
+
+    @torch.no_grad()
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """Drafts a chain for every row at once: each pass runs layers `[0, E)` over one slot of every row.
+
+        Pass 0 feeds every row's pending token, pass j its j-th draft token; a row whose draft has ended (its
+        length budget, or the confidence threshold) gets a hole in the later passes. The early layers thus hold,
+        after the cache's slots, exactly the slots of the verification query the loop builds next (pending token,
+        draft tokens, padding), and `target_forward_batch` appends the same slots to layers `[E, L)`: afterwards
+        every layer holds the same slots, which `RaggedCache.append` describes. Arguments as
+        `Drafter.propose_batch`; the batch's cache holds every committed token but the last of each row.
+        """
+        ragged = self._ragged
+        if ragged is None:  # no prefill forward ran (every prompt is one token): the cache is still empty
+            ragged = RaggedCache(self._cache, torch.zeros(len(input_ids), 0, dtype=torch.bool))
+        fed = torch.stack([ids[0, -1] for ids in input_ids])[:, None]  # [batch_size, 1] the pending tokens
+        step_valid = torch.ones(len(input_ids), 1, dtype=torch.bool)  # [batch_size, passes] the slots fed
+        drafting = torch.tensor(max_tokens) > 0  # [batch_size] the rows that draft in the next pass
+        prefixes, tokens, probs, exit_hidden = list(input_ids), [[] for _ in input_ids], [[] for _ in input_ids], []
+        while True:
+            exit_hidden.append(self._early_layers_batch(ragged, fed, step_valid))
+            if not drafting.any():
+                break
+            drafted, fed = drafting.clone(), fed.clone()  # a row without a token feeds a hole (masked, unused)
+            logits = self._layers.logits(exit_hidden[-1][drafted.to(fed.device), -1], self._draft_head)
+            for row_logits, i in zip(logits, drafted.nonzero()[:, 0].tolist()):
+                token, token_probs = self._draft_token(prefixes[i], row_logits[None],
+                                                       with_probs=self.confidence_threshold > 0)
+                tokens[i].append(token)
+                probs[i].append(token_probs)
+                prefixes[i], fed[i, 0] = torch.cat([prefixes[i], token.view(1, 1)], dim=-1), token
+                unsure = self.confidence_threshold and token_probs[token] < self.confidence_threshold
+                drafting[i] = len(tokens[i]) < max_tokens[i] and not unsure
+            step_valid = torch.cat([step_valid, drafted[:, None]], dim=1)
+        self._exit_hidden, self._drafted_valid = torch.cat(exit_hidden, dim=1), step_valid  # [batch_size, passes, ..]
+        return [Draft.chain(torch.stack(row), torch.stack(row_probs) if self.do_sample else None) if row
+                else Draft.empty(fed.device) for row, row_probs in zip(tokens, probs)]
+
+    def target_forward_batch(self, model, cache: RaggedCache, input_ids: torch.LongTensor,
+                             new_valid: torch.BoolTensor, num_logits: int | None = None) -> torch.FloatTensor:
+        """Runs layers `[E, L)` over every row's pending and draft tokens from their drafted layer-E hidden states.
+
+        Without a draft this step (the prefill, or no row had a length budget left), the whole target runs as
+        usual. Keeps `cache` for the next `propose_batch`, which writes into it. Arguments and result as
+        `Drafter.target_forward_batch`.
+
+        Raises:
+            `RuntimeError`: if the query's slots are not those the last `propose_batch` drafted.
+        """
+        self._ragged = cache
+        exit_hidden, self._exit_hidden = self._exit_hidden, None
+        if exit_hidden is None:
+            return super().target_forward_batch(model, cache, input_ids, new_valid, num_logits)
+        if not torch.equal(new_valid.cpu(), self._drafted_valid):
+            raise RuntimeError("LayerSkipDrafter.target_forward_batch must score the chains its last propose_batch() "
+                               "drafted.")
+        attention_mask, position_ids = cache.inputs(new_valid)
+        mask = self._layers.padded_mask(attention_mask.to(input_ids.device), input_ids.shape[1])
+        late = range(self.exit_layer, self._layers.num_layers)
+        hidden_states = self._layers.run(exit_hidden, position_ids.to(input_ids.device), late, cache.cache, mask)
+        return self._layers.logits(hidden_states[:, -(num_logits or input_ids.shape[1]):])
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         raise RuntimeError(

@@ -1,0 +1,155 @@
+"""LayerSkipDrafter on a batch: every row its own plain greedy output, every layer of the cache fed the same slots."""
+
+import functools
+
+import pytest
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+
+import hf_speculators as hs
+import hf_speculators.batch_decoding as batch_decoding
+from hf_speculators.cache import RaggedCache
+from hf_speculators.layers import DecoderLayers
+from speculative_helpers import PROMPTS
+from tiny_models import VOCAB_SIZE, build_model
+
+ARCHS = ("llama", "qwen2", "gpt_neox", "gpt2")
+NUM_LAYERS = 4
+PAD = VOCAB_SIZE - 1
+MAX_NEW_TOKENS = 20
+# 8, 1, 9 and 2 tokens: every row is left-padded but the third
+BATCH_PROMPTS = (PROMPTS["random"], PROMPTS["one_token"], PROMPTS["repetitive"], (5, 9))
+
+
+@pytest.fixture(scope="module")
+def deep_targets() -> dict:
+    """4-layer fp32 models (as in test_layer_skip.py), so that exit layers 1 and 3 both leave layers to verify."""
+    return {arch: build_model(arch, hidden_size=48, num_layers=NUM_LAYERS, seed=1) for arch in ARCHS}
+
+
+def left_padded(prompts) -> tuple[torch.LongTensor, torch.LongTensor]:
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[PAD] * (width - len(p)) + list(p) for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return input_ids, attention_mask
+
+
+def own_outputs(model, prompts, **kwargs) -> torch.LongTensor:
+    """Each row's own unbatched plain greedy output, laid out as plain batched `generate` lays rows out."""
+    width = max(map(len, prompts))
+    rows = [model.generate(torch.tensor([p]), do_sample=False, pad_token_id=PAD, **kwargs)[0].tolist()
+            for p in prompts]
+    length = max(width - len(p) + len(row) for p, row in zip(prompts, rows))
+    return torch.tensor([[PAD] * (width - len(p)) + row + [PAD] * (length - width + len(p) - len(row))
+                         for p, row in zip(prompts, rows)])
+
+
+def batched(model, drafter, prompts=BATCH_PROMPTS, **kwargs):
+    input_ids, attention_mask = left_padded(prompts)
+    kwargs = {"do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "pad_token_id": PAD, **kwargs}
+    return model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
+                          candidate_generator=drafter, return_dict_in_generate=True, **kwargs)
+
+
+@pytest.mark.parametrize("exit_layer", [1, 3])
+@pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_row_equals_its_own_plain_greedy_output(deep_targets, arch, num_draft_tokens, exit_layer):
+    model = deep_targets[arch]
+    # an EOS that the first row generates early: rows stop at different steps (EOS or max_new_tokens)
+    eos = own_outputs(model, BATCH_PROMPTS[:1], max_new_tokens=MAX_NEW_TOKENS)[0, len(BATCH_PROMPTS[0]) + 4]
+    kwargs = {"max_new_tokens": MAX_NEW_TOKENS, "eos_token_id": int(eos)}
+    expected = own_outputs(model, BATCH_PROMPTS, **kwargs)
+    out = batched(model, hs.LayerSkipDrafter(exit_layer=exit_layer, num_draft_tokens=num_draft_tokens), **kwargs)
+    assert out.sequences.tolist() == expected.tolist()
+    assert len({row.num_steps for row in out.speculative_stats.row_stats}) > 1  # rows stopped at different steps
+    assert out.speculative_stats.num_accepted_tokens > 0
+
+
+def test_every_layer_sees_each_slot_once_and_no_full_forward_runs_after_prefill(deep_targets):
+    """KV reuse in a batch: verification runs only layers >= E over the slots layers < E cached while drafting.
+
+    Every decoder layer is fed the same slots (so the RaggedCache describes every layer), and the whole model's
+    forward runs only for the prefill and for a step in which no row had room for a draft.
+    """
+    model = deep_targets["llama"]
+    tokens_per_layer, full_forwards = [0] * NUM_LAYERS, []
+
+    def count(index):
+        def hook(module, args, kwargs):
+            hidden_states = args[0] if args else kwargs["hidden_states"]
+            tokens_per_layer[index] += hidden_states.shape[0] * hidden_states.shape[1]
+        return hook
+
+    hooks = [layer.register_forward_pre_hook(count(i), with_kwargs=True)
+             for i, layer in enumerate(DecoderLayers(model).layers)]
+    hooks.append(model.register_forward_pre_hook(lambda module, args: full_forwards.append(1)))
+    cache = DynamicCache(config=model.config)
+    try:
+        out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=4), past_key_values=cache)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(set(tokens_per_layer)) == 1
+    assert len({layer.get_seq_length() for layer in cache.layers}) == 1
+    stats = out.speculative_stats
+    assert stats.num_drafts > 0
+    assert len(full_forwards) < stats.num_target_forwards  # the steps with a draft ran no whole forward
+    assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
+
+
+@pytest.mark.parametrize("max_holes", [0, 10**6])
+def test_compacting_every_step_or_never_changes_nothing(deep_targets, monkeypatch, max_holes):
+    """Compaction gathers every layer's slots, the drafted early ones included; holes may also pile up."""
+    monkeypatch.setattr(batch_decoding, "RaggedCache", functools.partial(RaggedCache, max_holes=max_holes))
+    model = deep_targets["gpt_neox"]
+    out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3))
+    assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
+
+
+def test_one_token_prompts_draft_from_the_first_step(deep_targets):
+    """Without a prefill forward the drafter has not seen the batch's cache yet; the first step drafts anyway."""
+    model, prompts = deep_targets["qwen2"], ((33,), (71,), (5,))
+    events = []
+    hooks = [model.register_forward_pre_hook(lambda module, args: events.append("whole model")),
+             DecoderLayers(model).layers[0].register_forward_pre_hook(lambda module, args: events.append("layer 0"))]
+    try:
+        out = batched(model, hs.LayerSkipDrafter(exit_layer=3, num_draft_tokens=3), prompts=prompts)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert out.sequences.tolist() == own_outputs(model, prompts, max_new_tokens=MAX_NEW_TOKENS).tolist()
+    assert events[:2] == ["layer 0", "layer 0"]  # drafting, not a whole forward, ran first
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_confidence_threshold_and_a_draft_vocabulary_stay_exact(deep_targets, arch):
+    model = deep_targets[arch]
+    drafter = hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=6, confidence_threshold=0.3,
+                                  draft_vocab=list(range(0, VOCAB_SIZE, 2)))
+    out = batched(model, drafter)
+    assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
+    stats = out.speculative_stats
+    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some rows' drafts stopped early
+
+
+def test_batched_sampling_is_seeded(deep_targets):
+    def sampled(seed: int):
+        drafter = hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3)
+        return batched(deep_targets["qwen2"], drafter, do_sample=True, top_k=0,
+                       generator=torch.Generator().manual_seed(seed)).sequences.tolist()
+
+    assert sampled(3) == sampled(3) != sampled(4)
+
+
+def test_verifying_other_slots_than_the_drafted_ones_raises(deep_targets):
+    model = deep_targets["llama"]
+    cache = DynamicCache(config=model.config)
+    drafter = hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=3)
+    drafter.prepare(model, GenerationConfig(do_sample=False), LogitsProcessorList(), None, cache=cache)
+    ragged = RaggedCache(cache, torch.zeros(2, 0, dtype=torch.bool))
+    drafts = drafter.propose_batch([torch.tensor([[4, 8]]), torch.tensor([[7]])], [3, 1], [0, 1])
+    assert [draft.num_nodes for draft in drafts] == [3, 1]
+    query = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="must score the chains its last propose_batch"):
+        drafter.target_forward_batch(model, ragged, query, torch.ones(2, 4, dtype=torch.bool))
