@@ -242,7 +242,9 @@ def generate(
 
     Args:
         model (`PreTrainedModel`): the target, a decoder-only causal LM (transformers passes it).
-        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the prompt.
+        input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the prompt, or left-padded prompts
+            (with their `attention_mask`): a batch runs as `BatchedSpeculativeDecoding`, each row verified on its
+            own, every row exactly its own plain output (greedy) or lossless (sampling).
         logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
         synced_gpus (`bool`): accepted for the signature; multi-GPU synchronisation is not supported.
         candidate_generator (`Drafter`): the drafter, e.g. `PromptLookupDrafter()` or `DraftModelDrafter(draft)`.
@@ -267,15 +269,17 @@ def generate(
             measured during the call (0: a plain one-token step). For a tree it is the depth.
 
     Returns:
-        `torch.LongTensor` of shape `(1, sequence_length + new_tokens)`, or with `return_dict_in_generate=True`
-        a `SpeculativeGenerateOutput` whose `speculative_stats` holds the acceptance figures.
+        `torch.LongTensor` of shape `(batch_size, sequence_length + new_tokens)` (rows that stopped early padded
+        with the pad token), or with `return_dict_in_generate=True` a `SpeculativeGenerateOutput` whose
+        `speculative_stats` holds the acceptance figures (for a batch, with `row_stats`; no `past_key_values`).
 
     Raises:
         `ValueError`: before any forward, for a missing drafter, both a drafter and a speculative config, a
             config that cannot be built (see `SpeculativeConfig.build`), an unknown `num_draft_tokens_schedule`,
-            batch size > 1, beam search,
-            `num_return_sequences > 1`, an empty or padded prompt, a static cache, an unknown verifier, a
-            verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
+            beam search, `num_return_sequences > 1`, an empty prompt, a padded single prompt, a static cache, for
+            a batch: right padding, a drafter that cannot batch, token trees, a streamer, `output_scores` or
+            `output_logits`, no pad or EOS token, a prefilled cache or non-full-attention cache layers; an unknown
+            verifier, a verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
     """
     if generation_config is None:
         raise ValueError(
