@@ -145,7 +145,8 @@ class RaggedCache:
             `select` keeps it in step, as `self.rows`.
     """
 
-    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32, rows: list[int] | None = None):
+    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32,
+                 rows: list[int] | None = None):
         self.cache, self.valid, self.max_holes = cache, valid, max_holes
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
         self.rows = list(range(valid.shape[0])) if rows is None else list(rows)

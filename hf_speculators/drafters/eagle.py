@@ -200,7 +200,8 @@ class EagleDrafter(FeatureDrafter):
             self._batch_cache = RaggedCache(DynamicCache(), torch.zeros(len(rows), 0, dtype=torch.bool), rows=rows)
         elif self._batch_cache.rows != rows:
             running = set(rows)
-            self._batch_cache.select(torch.tensor([i for i, row in enumerate(self._batch_cache.rows) if row in running]))
+            kept = [i for i, row in enumerate(self._batch_cache.rows) if row in running]
+            self._batch_cache.select(torch.tensor(kept))
         return self._batch_cache
 
     def _forward_batch(self, token_ids, hidden_states, new_valid: torch.BoolTensor):
