@@ -141,11 +141,15 @@ class RaggedCache:
         cache (`DynamicCache`): an empty cache, or one whose slots `valid` describes.
         valid (`torch.BoolTensor` of shape `(batch_size, num_slots)`): which slots of each row hold a token.
         max_holes (`int`, defaults to 32): hole slots the widest row may carry before all rows are compacted.
+        rows (`list[int]`, *optional*): each row's index in the generate call's batch (default `0 .. batch_size - 1`);
+            `select` keeps it in step, as `self.rows`.
     """
 
-    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32):
+    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32,
+                 rows: list[int] | None = None):
         self.cache, self.valid, self.max_holes = cache, valid, max_holes
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
+        self.rows = list(range(valid.shape[0])) if rows is None else list(rows)
 
     @property
     def batch_size(self) -> int:
@@ -157,6 +161,17 @@ class RaggedCache:
         mask = torch.cat([self.valid, new_valid], dim=1).long()
         position_ids = (self.lengths[:, None] + new_valid.long().cumsum(dim=1) - 1).clamp_min(0)
         return mask, position_ids
+
+    def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype) -> torch.FloatTensor:
+        """The 4D float additive mask `(batch_size, 1, num_query, num_slots + num_query)` of the forward `inputs`
+        describes, for modules that take no 2D mask (a draft head's attention): query slot j sees its row's cached
+        tokens, the new tokens up to j, and itself (so a hole's query sees at least one slot)."""
+        num_query, num_slots = new_valid.shape[1], self.valid.shape[1]
+        causal = torch.ones(num_query, num_query, dtype=torch.bool).tril()
+        seen = torch.cat([self.valid[:, None, :].expand(-1, num_query, -1), new_valid[:, None, :] & causal], dim=2)
+        seen[:, torch.arange(num_query), num_slots + torch.arange(num_query)] = True
+        mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+        return mask[:, None]
 
     def append(self, new_valid: torch.BoolTensor) -> None:
         """After a forward of `num_query` slots per row: which of them each row keeps, `(batch_size, num_query)`.
@@ -177,6 +192,7 @@ class RaggedCache:
         """Keeps the batch rows `rows` (indices into the current batch), e.g. to drop finished sequences."""
         self.cache.batch_select_indices(rows)
         self.valid, self.lengths = self.valid[rows], self.lengths[rows]
+        self.rows = [self.rows[i] for i in rows.tolist()]
         self._trim()
 
     def _trim(self) -> None:

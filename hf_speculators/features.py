@@ -93,7 +93,23 @@ class TargetFeatures:
 
     def reset(self) -> None:
         """Forgets everything recorded (at the start of a generate call)."""
-        self._fed = []  # (rows [q, width], fed ids [q], tree, num_prefix) of each forward since the last commit
+        # batch row -> (rows [q, width], fed ids [q], tree, num_prefix) of each forward since the row's last commit
+        self._fed: dict[int, list] = {}
+
+    def _capture(self, forward: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.FloatTensor]:
+        """Runs `forward()` with hooks on the feature points; returns its result and the features `(batch, q, width)`
+        of every fed slot."""
+        captured: dict[int, torch.Tensor] = {}  # slot i: the feature point self._modules[i], in layer_ids order
+        handles = [module.register_forward_pre_hook(_layer_input(captured, slot), with_kwargs=True)
+                   for slot, module in enumerate(self._modules[: self._num_layer_inputs])]
+        handles += [self._modules[-1].register_forward_hook(_module_output(captured, len(self._modules) - 1))
+                    for _ in range(len(self._modules) - self._num_layer_inputs)]
+        try:
+            result = forward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return result, torch.cat([captured[slot] for slot in range(len(self._modules))], dim=-1)
 
     def record(self, forward: Callable[[], torch.Tensor], input_ids: torch.LongTensor, tree: TokenTree,
                num_prefix: int) -> torch.Tensor:
@@ -106,22 +122,33 @@ class TargetFeatures:
             tree (`TokenTree`): the draft's shape (an empty chain in a prefill).
             num_prefix (`int`): committed tokens, cached or fed.
         """
-        captured: dict[int, torch.Tensor] = {}  # slot i: the feature point self._modules[i], in layer_ids order
-        handles = [module.register_forward_pre_hook(_layer_input(captured, slot), with_kwargs=True)
-                   for slot, module in enumerate(self._modules[: self._num_layer_inputs])]
-        handles += [self._modules[-1].register_forward_hook(_module_output(captured, len(self._modules) - 1))
-                    for _ in range(len(self._modules) - self._num_layer_inputs)]
-        try:
-            result = forward()
-        finally:
-            for handle in handles:
-                handle.remove()
-        rows = torch.cat([captured[slot][0, -input_ids.shape[1]:] for slot in range(len(self._modules))],
-                         dim=-1)  # [num_query, width]
-        self._fed.append((rows, input_ids[0], tree, num_prefix))
+        result, features = self._capture(forward)
+        self._fed.setdefault(0, []).append((features[0, -input_ids.shape[1]:], input_ids[0], tree, num_prefix))
         return result
 
-    def commit(self, committed_ids: torch.LongTensor) -> tuple[int, torch.FloatTensor | None]:
+    def record_batch(self, forward: Callable[[], torch.Tensor], input_ids: torch.LongTensor,
+                     new_valid: torch.BoolTensor, rows: Sequence[int], num_cached: torch.LongTensor) -> torch.Tensor:
+        """`record` for a forward over a batch of rows (see `RaggedCache`); returns its result.
+
+        Row i's fed tokens (the slots `new_valid[i]` marks) continue its `num_cached[i]` cached tokens; they are kept
+        as a chain: its committed ones are found as those a chain draft's are (`commit(..., row=rows[i])`).
+
+        Args:
+            forward (`Callable[[], torch.Tensor]`): one target forward over `input_ids`.
+            input_ids (`torch.LongTensor` of shape `(batch_size, num_query)`): each row's fed tokens, holes included.
+            new_valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): which slots hold a token.
+            rows (`Sequence[int]`): each row's index in the generate call's batch.
+            num_cached (`torch.LongTensor` of shape `(batch_size,)`): each row's committed tokens in the cache.
+        """
+        result, features = self._capture(forward)
+        features = features[:, -input_ids.shape[1]:]
+        for i, row in enumerate(rows):
+            fed_ids = input_ids[i, new_valid[i].to(input_ids.device)]
+            self._fed.setdefault(row, []).append((features[i, new_valid[i].to(features.device)], fed_ids,
+                                                  TokenTree.chain(len(fed_ids), fed_ids.device), int(num_cached[i])))
+        return result
+
+    def commit(self, committed_ids: torch.LongTensor, row: int = 0) -> tuple[int, torch.FloatTensor | None]:
         """The rows of the tokens committed by the forwards recorded since the last call, and the first one's position.
 
         Each forward's committed tokens are its fed committed tokens and the draft nodes on the path that
@@ -130,18 +157,27 @@ class TargetFeatures:
 
         Args:
             committed_ids (`torch.LongTensor` of shape `(1, sequence_length)`): every committed token.
+            row (`int`, defaults to 0): the sequence's row in the generate call's batch (`record_batch`).
 
         Returns:
             `(position, rows)`: `rows` of shape `(num_new, width)` are the features of the tokens at positions
             `position .. position + num_new - 1`; `(sequence_length - 1, None)` when nothing was recorded.
         """
-        if not self._fed:
+        fed = self._fed.pop(row, None)
+        if not fed:
             return committed_ids.shape[1] - 1, None
         kept = []
-        for rows, fed_ids, tree, num_prefix in self._fed:
+        for rows, fed_ids, tree, num_prefix in fed:
             num_pending = len(fed_ids) - tree.num_nodes
             path = accepted_path(tree, fed_ids[num_pending:], committed_ids[0, num_prefix:].tolist())
             kept.append(rows[list(range(num_pending)) + [num_pending + node for node in path]])
-        rows, fed_ids, tree, num_prefix = self._fed[0]
-        self._fed = []
+        rows, fed_ids, tree, num_prefix = fed[0]
         return num_prefix - (len(fed_ids) - tree.num_nodes), torch.cat(kept)
+
+    def commit_batch(self, committed_ids: Sequence[torch.LongTensor],
+                     rows: Sequence[int]) -> list[tuple[int, torch.FloatTensor | None]]:
+        """`commit` for each sequence of a batch, `committed_ids[i]` `(1, sequence_length_i)` being row `rows[i]`;
+        what other rows recorded (rows that finished) is forgotten."""
+        committed = [self.commit(ids, row) for ids, row in zip(committed_ids, rows)]
+        self._fed.clear()
+        return committed

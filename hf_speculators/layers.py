@@ -92,14 +92,6 @@ class DecoderLayers:
             return None
         return TokenTree.chain(0, device).attention_mask(num_prefix, num_tokens, self.dtype)
 
-    def padded_mask(self, attention_mask: torch.LongTensor, num_tokens: int) -> torch.FloatTensor:
-        """The causal mask `(batch_size, 1, num_tokens, num_slots)` of the last `num_tokens` slots of a batch whose
-        2D `attention_mask` `(batch_size, num_slots)` hides padding and holes (`hf_speculators.cache.RaggedCache`).
-        """
-        causal = TokenTree.chain(0, attention_mask.device).attention_mask(attention_mask.shape[1], num_tokens,
-                                                                          self.dtype)
-        return causal.masked_fill(attention_mask[:, None, None, :] == 0, torch.finfo(self.dtype).min)
-
     def run(self, hidden_states: torch.FloatTensor, position_ids: torch.LongTensor, layers: range, cache: Cache,
             mask: torch.FloatTensor | None) -> torch.FloatTensor:
         """Runs decoder layers `layers` over `hidden_states` after the tokens each of them holds in `cache`.
@@ -111,7 +103,8 @@ class DecoderLayers:
             layers (`range`): the layer indices to run, in order.
             cache (`Cache`): the model's cache; each of `layers` holds the same slots before the call.
             mask (`torch.FloatTensor` of shape `(batch_size, 1, num_tokens, num_cached + num_tokens)`, *optional*):
-                the additive attention mask (`chain_mask` or `padded_mask`); `None` for one sequence's one token.
+                the additive attention mask (`chain_mask`, or `RaggedCache.additive_mask` for a batch); `None` for one
+                sequence's one token.
 
         Returns:
             `torch.FloatTensor` of shape `(batch_size, num_tokens, hidden_size)`: the output of `layers[-1]`.

@@ -112,11 +112,19 @@ class Drafter(CandidateGenerator):
         distribution `(vocab_size,)` when sampling (the one it was drawn from: its `draft_probs` row) or when
         `with_probs` asks for it under greedy decoding, else `None` (greedy drafting needs only the argmax).
         """
-        scores = process_logits(self.logits_processor, [prefix], logits)[0]
+        tokens, probs = self._draft_tokens([prefix], logits, with_probs)
+        return tokens[0], None if probs is None else probs[0]
+
+    def _draft_tokens(self, prefixes: list[torch.LongTensor], logits: torch.FloatTensor, with_probs: bool = False):
+        """`_draft_token` for several sequences: row i of `logits` `(n, vocab_size)` continues `prefixes[i]`.
+        Returns the tokens `(n,)` and distributions `(n, vocab_size)` or `None`; sampled rows are drawn in order."""
+        scores = process_logits(self.logits_processor, prefixes, logits)
         if not (self.do_sample or with_probs):
-            return scores.argmax(), None
+            return scores.argmax(dim=-1), None
         probs = torch.softmax(scores, dim=-1)
-        return (sample(probs, self.generator) if self.do_sample else probs.argmax()), probs
+        if not self.do_sample:
+            return probs.argmax(dim=-1), probs
+        return torch.stack([sample(row_probs, self.generator) for row_probs in probs]), probs
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         draft = self.propose(input_ids, self.num_draft_tokens)

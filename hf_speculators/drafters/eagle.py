@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
-from ..cache import truncate
+from ..cache import RaggedCache, truncate
 from ..heads.eagle import check_head_fits
 from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
@@ -26,6 +26,9 @@ class EagleDrafter(FeatureDrafter):
     (pre-norm, or post-norm with `norm_output`), one head forward per token. A tree (`StaticTree` or
     `DynamicTree`, as `TreeDrafter` takes it) feeds each depth's frontier in one forward, each node attending to
     the committed pairs and its own ancestors.
+
+    For a batch (`propose_batch`, chains only) the head keeps one cache row per sequence (`RaggedCache`): each row
+    is rolled back to its own committed pairs, and one head forward per draft position serves every row.
 
     A reduced draft vocabulary maps back with `target_id = draft_id + d2t[draft_id]`; the draft's scores are
     laid out in the target's vocabulary with the lowest score elsewhere, then go through the call's logits
@@ -65,6 +68,7 @@ class EagleDrafter(FeatureDrafter):
         super().__init__(num_draft_tokens if self.tree is None else self.tree.depth)
         self.head = head
         self._cache = self._target_head = self._embeddings = self._draft_to_target = self._vocab_size = None
+        self._batch_cache: RaggedCache | None = None  # the head's cache of a batch, one row per running sequence
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
@@ -101,6 +105,7 @@ class EagleDrafter(FeatureDrafter):
         d2t = self.head.d2t
         self._draft_to_target = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
         self._cache = DynamicCache()
+        self._batch_cache = None
 
     def _forward(self, token_ids, hidden_states, tree: TokenTree, num_prefix: int):
         """Runs the head over pairs (hidden state, token) after its cache: the last `token_ids.shape[1]` entries of
@@ -164,6 +169,72 @@ class EagleDrafter(FeatureDrafter):
         nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits, max_tokens, forward)
         truncate(self._cache, num_pairs)  # the nodes' keys and values are dropped; the committed pairs stay
         return nodes.draft(self.tree.select(nodes), input_ids.device)
+
+    @torch.no_grad()
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """As `propose` for each row (a chain), with one batched head forward per draft position (see the class)."""
+        # 1. each row's features of its newly committed tokens; rows without any (a one-token prompt) draft nothing
+        committed = self.committed_features_batch(input_ids, rows)
+        num_new = torch.tensor([0 if features is None else len(features) for _, features in committed])
+        budgets = [budget if count else 0 for budget, count in zip(max_tokens, num_new.tolist())]
+        if max(budgets) == 0:
+            return [Draft.empty(ids.device) for ids in input_ids]
+        # 2. roll each row of the head's cache back to its committed pairs; feed the new pairs in one forward
+        cache = self._head_cache(rows)
+        cache.truncate(torch.tensor([position for position, _ in committed]))
+        some = next(features for _, features in committed if features is not None and len(features))
+        features = torch.nn.utils.rnn.pad_sequence(  # [batch, max new, width]
+            [some[:0] if features is None else features for _, features in committed], batch_first=True)
+        token_ids = torch.nn.utils.rnn.pad_sequence(
+            [ids[0, position + 1 :] for ids, (position, _) in zip(input_ids, committed)], batch_first=True)
+        new_valid = torch.arange(features.shape[1]) < num_new[:, None]
+        feedback, logits = self._forward_batch(token_ids, self.head.combine(features.to(self.head.fc.weight.dtype)),
+                                               new_valid)
+        last = (num_new - 1).clamp_min(0).to(logits.device)
+        batch = torch.arange(len(rows), device=logits.device)
+        return self._chain_batch(input_ids, feedback[batch, last][:, None], logits[batch, last], budgets)
+
+    def _head_cache(self, rows: list[int]) -> RaggedCache:
+        """The head's cache of a batch, for the rows `rows` (rows that finished are dropped)."""
+        if self._batch_cache is None:
+            self._batch_cache = RaggedCache(DynamicCache(), torch.zeros(len(rows), 0, dtype=torch.bool), rows=rows)
+        elif self._batch_cache.rows != rows:
+            running = set(rows)
+            kept = [i for i, row in enumerate(self._batch_cache.rows) if row in running]
+            self._batch_cache.select(torch.tensor(kept))
+        return self._batch_cache
+
+    def _forward_batch(self, token_ids, hidden_states, new_valid: torch.BoolTensor):
+        """Runs the head over one pair per slot `(batch, q)` after the batch's cache, the slots `new_valid` marks
+        holding a pair; returns the states to feed back `(batch, q, H)` and the logits `(batch, q, vocab_size)`."""
+        device = token_ids.device
+        _, position_ids = self._batch_cache.inputs(new_valid)
+        mask = self._batch_cache.additive_mask(new_valid, self.head.fc.weight.dtype).to(device)
+        feedback, logits = self.head(self._embeddings(token_ids), hidden_states, position_ids.to(device),
+                                     self._batch_cache.cache, mask, self._target_head)
+        self._batch_cache.append(new_valid)
+        return feedback, self._target_width(logits)
+
+    def _chain_batch(self, input_ids, feedback, logits, budgets: list[int]) -> list[Draft]:
+        """Each row's chain of `budgets[i]` draft tokens from its first logits `(batch, vocab)` and states
+        `(batch, 1, H)`; rows whose chain is complete ride along as holes."""
+        prefixes, tokens, probs = list(input_ids), [[] for _ in budgets], [[] for _ in budgets]
+        for step in range(max(budgets)):
+            drafting = [i for i, budget in enumerate(budgets) if budget > step]
+            step_tokens, step_probs = self._draft_tokens([prefixes[i] for i in drafting], logits[drafting])
+            for j, i in enumerate(drafting):
+                tokens[i].append(step_tokens[j])
+                probs[i].append(None if step_probs is None else step_probs[j])
+                prefixes[i] = torch.cat([prefixes[i], step_tokens[j].view(1, 1)], dim=-1)
+            if step + 1 == max(budgets):
+                break
+            fed = torch.zeros(len(budgets), 1, dtype=torch.long, device=logits.device)
+            fed[drafting, 0] = step_tokens
+            feedback, logits = self._forward_batch(fed, feedback, torch.tensor(budgets)[:, None] > step + 1)
+            logits = logits[:, 0]
+        return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if self.do_sample else None)
+                if row_tokens else Draft.empty(ids.device)
+                for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
     def __repr__(self) -> str:
         shape = f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"

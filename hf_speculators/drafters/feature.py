@@ -15,10 +15,15 @@ class FeatureDrafter(Drafter):
     target's cache holds n - 1 tokens, so the newest row is the feature of position n - 2 (the last committed token
     is still pending): EAGLE drafts x_n from the pair (feature n - 2, x_{n-1}); Medusa's head 0 from feature n - 2.
 
+    For a batch (`propose_batch`), `committed_features_batch` gives each row's features, recorded in the batch's
+    verification forwards (`target_forward_batch`). Batches take chains only: a subclass keeps its token tree shape,
+    if any, in `self.tree` (`None` for a chain).
+
     Runs only inside `hf_speculators.generate`, on the model types `DecoderLayers` takes.
 
     Raises:
-        `ValueError`: at the start of generation, for feature points the target does not have.
+        `ValueError`: at the start of generation, for feature points the target does not have; for a batch, with
+            a token tree (`check_batch_support`).
         `RuntimeError`: from `get_candidates`: transformers' own assisted loop does not pass the target's hidden states.
     """
 
@@ -36,6 +41,25 @@ class FeatureDrafter(Drafter):
         parent = super().target_forward
         return self._features.record(lambda: parent(model, cache, input_ids, tree, num_prefix, num_logits),
                                      input_ids, tree, num_prefix)
+
+    def target_forward_batch(self, model, cache, input_ids, new_valid, num_logits=None) -> torch.FloatTensor:
+        """The target's forward over a batch (as `Drafter.target_forward_batch`), recording each row's hidden states."""
+        parent = super().target_forward_batch
+        return self._features.record_batch(lambda: parent(model, cache, input_ids, new_valid, num_logits),
+                                           input_ids, new_valid, cache.rows, cache.lengths)
+
+    def check_batch_support(self) -> None:
+        if self.tree is not None:
+            raise ValueError(
+                f"{type(self).__name__}(tree=...) drafts token trees, which batch size > 1 does not support yet: use "
+                "tree=None (a chain of num_draft_tokens), or call generate once per prompt."
+            )
+
+    def committed_features_batch(self, input_ids: list[torch.LongTensor],
+                                 rows: list[int]) -> list[tuple[int, torch.FloatTensor | None]]:
+        """`committed_features` of each sequence of a batch (`input_ids[i]` `(1, sequence_length_i)` is row
+        `rows[i]`, as `propose_batch` gets them); rows that finished are forgotten."""
+        return self._features.commit_batch(input_ids, rows)
 
     def committed_features(self, input_ids: torch.LongTensor) -> tuple[int, torch.FloatTensor | None]:
         """`(position, rows)`: the features `(num_new, width)` of the tokens committed since the last call, the first

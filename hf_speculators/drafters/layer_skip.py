@@ -148,9 +148,8 @@ class LayerSkipDrafter(Drafter):
                             step_valid: torch.BoolTensor) -> torch.FloatTensor:
         """Layer-E hidden states `(batch_size, 1, hidden_size)` of `input_ids` `(batch_size, 1)`, fed into the last of
         this step's slots `step_valid` `(batch_size, num_fed)` (a hole in the rows whose draft has ended)."""
-        attention_mask, position_ids = ragged.inputs(step_valid)
-        position_ids = position_ids[:, -1:].to(input_ids.device)
-        mask = self._layers.padded_mask(attention_mask.to(input_ids.device), 1)
+        position_ids = ragged.inputs(step_valid)[1][:, -1:].to(input_ids.device)
+        mask = ragged.additive_mask(step_valid, self._layers.dtype)[:, :, -1:].to(input_ids.device)
         hidden_states = self._layers.embed(input_ids, position_ids)
         return self._layers.run(hidden_states, position_ids, range(self.exit_layer), ragged.cache, mask)
 
@@ -209,8 +208,8 @@ class LayerSkipDrafter(Drafter):
         if not torch.equal(new_valid.cpu(), self._drafted_valid):
             raise RuntimeError("LayerSkipDrafter.target_forward_batch must score the chains its last propose_batch() "
                                "drafted.")
-        attention_mask, position_ids = cache.inputs(new_valid)
-        mask = self._layers.padded_mask(attention_mask.to(input_ids.device), input_ids.shape[1])
+        position_ids = cache.inputs(new_valid)[1]
+        mask = cache.additive_mask(new_valid, self._layers.dtype).to(input_ids.device)
         late = range(self.exit_layer, self._layers.num_layers)
         hidden_states = self._layers.run(exit_hidden, position_ids.to(input_ids.device), late, cache.cache, mask)
         return self._layers.logits(hidden_states[:, -(num_logits or input_ids.shape[1]):])

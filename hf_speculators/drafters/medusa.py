@@ -64,6 +64,7 @@ class MedusaDrafter(FeatureDrafter):
       `mc_sim_7b_63`, 63 nodes of depth <= 4) or a `DynamicTree` (EAGLE-2's expansion, scored by the heads'
       probabilities); the children of every node at depth d are head d's top tokens. The draft is deterministic
       (`draft_probs=None`): rejection verification treats each node as one-hot, which is lossless.
+    - a batch (`propose_batch`): chains only, the heads run once over every row's newest feature.
 
     Medusa itself verifies with typical acceptance (`verifier="typical"`, `TypicalVerifier(epsilon=0.09,
     delta=0.3)`: its `posterior_threshold` and `posterior_alpha`), which is not lossless.
@@ -145,6 +146,22 @@ class MedusaDrafter(FeatureDrafter):
         # head d's logits for x_{n+d}, all from the newest feature (position n - 2)
         logits = self.heads(rows[-1:], self._lm_head, num_depths)[:, 0].to(input_ids.device)  # [num_depths, vocab]
         return self._chain(input_ids, logits) if self.tree is None else self._tree(input_ids, logits)
+
+    @torch.no_grad()
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """As `propose` for each row (a chain), the heads run once over every row's newest feature."""
+        committed = self.committed_features_batch(input_ids, rows)
+        drafts = [Draft.empty(ids.device) for ids in input_ids]
+        ready = [i for i, (_, features) in enumerate(committed)
+                 if features is not None and len(features) and max_tokens[i] > 0]
+        if not ready:
+            return drafts
+        num_depths = min(self.num_draft_tokens, max(max_tokens[i] for i in ready))
+        newest = torch.stack([committed[i][1][-1] for i in ready])  # [num_ready, width]
+        logits = self.heads(newest, self._lm_head, num_depths)  # [num_depths, num_ready, vocab]
+        for j, i in enumerate(ready):
+            drafts[i] = self._chain(input_ids[i], logits[: max_tokens[i], j].to(input_ids[i].device))
+        return drafts
 
     def _chain(self, input_ids: torch.LongTensor, logits: torch.FloatTensor) -> Draft:
         """Each head's token continuing the committed tokens and the draft tokens before it."""
