@@ -6,7 +6,7 @@ from .cache import RaggedCache
 from .drafters import Drafter
 from .metrics import SpeculativeStats, clock
 from .outputs import SpeculativeGenerateOutput, commit_tokens
-from .sampling import process_logits
+from .sampling import RowOfBatch, process_logits
 from .schedules import DraftLengthSchedule
 from .types import Draft
 from .verifiers import Verifier
@@ -38,8 +38,9 @@ class BatchedSpeculativeDecoding:
     Each step every running row gets its own draft, all rows are scored in one target forward (each row's pending
     token and draft tokens, shorter drafts padded), each row is verified on its own and keeps its accepted tokens in
     a `RaggedCache`. A row that meets a stopping criterion leaves the batch: no more drafting or target compute.
-    Rows are kept with their left padding, as plain `generate` sees them, so `max_length` and the stopping criteria
-    treat each row as they would in a plain batched call; drafters and verifiers see a row without padding.
+    Rows are kept with their left padding, as plain `generate` sees them, so `max_length`, the stopping criteria and
+    the logits processors treat each row as they would in a plain batched call (`RowOfBatch`); drafters and
+    verifiers see a row without padding.
 
     Args:
         model (`PreTrainedModel`): the target.
@@ -136,7 +137,8 @@ class BatchedSpeculativeDecoding:
 
         Returns the number of accepted draft tokens and whether the row finished."""
         prefixes = draft.tree.prefixes(self.sequences[row], draft.token_ids, range(-1, draft.num_nodes))
-        scores = process_logits(self.logits_processor, prefixes, logits)  # [num_nodes + 1, vocab]
+        processors = RowOfBatch(self.logits_processor, len(self.sequences), row)
+        scores = process_logits(processors, prefixes, logits)  # [num_nodes + 1, vocab]
         verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
         self.sequences[row], committed, finished = commit_tokens(self.sequences[row], new_tokens,

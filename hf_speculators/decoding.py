@@ -13,7 +13,7 @@ from .config import SpeculativeConfig
 from .drafters import Drafter
 from .metrics import SpeculativeStats, clock
 from .outputs import SpeculativeGenerateOutput, commit_tokens
-from .sampling import process_logits
+from .sampling import RowOfBatch, process_logits
 from .schedules import DraftLengthSchedule, check_schedule, make_schedule
 from .tree import TokenTree
 from .types import Draft
@@ -301,7 +301,9 @@ def generate(
     if batched:
         check_batch_support(cache)
     generator = generator if generator is not None else _default_generator(input_ids.device)
-    candidate_generator.prepare(model, generation_config, logits_processor, generator, target_tokenizer, cache)
+    # a batch's drafter processes each row on its own, as row 0 of the batch (draft scores only steer acceptance)
+    draft_processors = RowOfBatch(logits_processor, input_ids.shape[0], 0) if batched else logits_processor
+    candidate_generator.prepare(model, generation_config, draft_processors, generator, target_tokenizer, cache)
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
     if batched:
         output = _generate_batch(model, candidate_generator, verifier, schedule, cache, generation_config,

@@ -3,7 +3,41 @@
 from collections.abc import Iterable
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+# processors that transformers builds with state per batch row (repetition_penalty's per-row padding lengths,
+# prefix_allowed_tokens_fn's batch_id): a row of a batch must reach them at its own place in the batch
+PER_ROW_PROCESSORS = (RepetitionPenaltyLogitsProcessor, PrefixConstrainedLogitsProcessor)
+
+
+class RowOfBatch:
+    """A generate call's logits processors applied to one row of its batch, called as a `LogitsProcessorList` is.
+
+    The speculative loop processes each row on its own (`process_logits`), but transformers builds some processors
+    for the whole batch (`PER_ROW_PROCESSORS`): those get the row as row `row` of `batch_size` copies of it, and
+    keep that row's result; every other processor gets the row alone.
+
+    Args:
+        processors (`LogitsProcessorList`): the call's processors and warpers.
+        batch_size (`int`): the call's batch size.
+        row (`int`): the row's index in the batch.
+    """
+
+    def __init__(self, processors: LogitsProcessorList, batch_size: int, row: int):
+        self.processors, self.batch_size, self.row = processors, batch_size, row
+
+    def __bool__(self) -> bool:
+        return bool(self.processors)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Processes `scores` `(1, vocab_size)` of the row whose tokens are `input_ids` `(1, sequence_length)`."""
+        for processor in self.processors:
+            if isinstance(processor, PER_ROW_PROCESSORS):
+                batch = processor(input_ids.expand(self.batch_size, -1), scores.expand(self.batch_size, -1).clone())
+                scores = batch[self.row : self.row + 1]
+            else:
+                scores = processor(input_ids, scores)
+        return scores
 
 
 def process_logits(

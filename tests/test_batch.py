@@ -344,3 +344,27 @@ def test_batch_cache_errors(zoo, case):
     with pytest.raises(ValueError, match=message):
         model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), custom_generate=hs.generate, pad_token_id=PAD,
                        candidate_generator=hs.PromptLookupDrafter(3), max_new_tokens=4, **kwargs)
+
+
+def allow_by_row(batch_id: int, input_ids: torch.LongTensor) -> list[int]:
+    """prefix_allowed_tokens_fn: each row its own set of tokens (only right when a row is seen at its place)."""
+    return list(range(batch_id * 20, batch_id * 20 + 40))
+
+
+@pytest.mark.parametrize("processor", ["repetition_penalty", "prefix_allowed_tokens_fn"])
+@pytest.mark.parametrize("kind", ["prompt_lookup", "draft_model"])
+def test_processors_with_state_per_row_match_plain_batched_generate(zoo, processor, kind):
+    """transformers builds these two for the whole batch (per-row padding lengths, batch_id); each row must get
+    its own, as in plain batched generate."""
+    model = zoo.target("llama")
+    settings = {"repetition_penalty": 1.5} if processor == "repetition_penalty" else {
+        "prefix_allowed_tokens_fn": allow_by_row}
+    input_ids, attention_mask = left_padded(BATCH_PROMPTS)
+    expected = model.generate(input_ids, attention_mask=attention_mask, do_sample=False, pad_token_id=PAD,
+                              max_new_tokens=MAX_NEW_TOKENS, **settings)
+    drafter = (hs.PromptLookupDrafter(3) if kind == "prompt_lookup"
+               else hs.DraftModelDrafter(zoo.noisy_draft("llama"), num_draft_tokens=3))
+    out = batched(model, drafter, **settings)
+    assert torch.equal(out.sequences, expected)
+    if kind == "draft_model":  # drafts were accepted: the draft side's processors ran too
+        assert out.speculative_stats.num_accepted_tokens > 0
