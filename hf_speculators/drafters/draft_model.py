@@ -45,6 +45,12 @@ def common_prefix_length(a: torch.LongTensor, b: torch.LongTensor) -> int:
     return int(mismatches[0]) if len(mismatches) else n
 
 
+def reusable_length(cached_ids: torch.LongTensor, committed: torch.LongTensor) -> int:
+    """How many of the draft cache's tokens `cached_ids` `(n,)` a call keeps: those it shares with the `committed`
+    tokens `(length,)`, but never the last committed token, whose logits the call needs."""
+    return min(common_prefix_length(cached_ids, committed), len(committed) - 1)
+
+
 def right_aligned(sequences: list[torch.LongTensor], device) -> tuple[torch.LongTensor, torch.BoolTensor]:
     """Stacks 1D `sequences` into `(len(sequences), longest)` input ids, each at the right end (padding first, id
     0), and which slots hold a token `(len(sequences), longest)` (on the CPU, as `RaggedCache` keeps its masks)."""
@@ -126,6 +132,8 @@ class DraftModelDrafter(Drafter):
         self._reset_cache()
 
     def check_batch_support(self) -> None:
+        """Raises `ValueError` if the draft model's cache cannot hold a batch: sliding-window or linear-attention
+        layers (see `hf_speculators.cache.check_batch_support`)."""
         try:
             check_batch_support(prepare_cache(None, self.draft_model.config))
         except ValueError as error:
@@ -150,7 +158,7 @@ class DraftModelDrafter(Drafter):
         committed tokens `(n,)` it lacks, at least the last one (its logits give the first draft token)."""
         device = self.draft_model.device
         committed = input_ids[0].to(device)
-        reused = min(common_prefix_length(self._cached_ids.to(device), committed), len(committed) - 1)
+        reused = reusable_length(self._cached_ids.to(device), committed)
         truncate(self._cache, reused)
         return committed[reused:]
 
@@ -168,13 +176,22 @@ class DraftModelDrafter(Drafter):
         # 2. draft one token per forward
         for _ in range(max_tokens):
             logits = self._logits(new_ids[None], no_nodes, prefix.shape[1], 1, input_ids.device)
-            token, token_probs = self._draft_token(prefix, logits)
-            tokens.append(token)
-            probs.append(token_probs)
-            new_ids = token[None].to(self.draft_model.device)
-            prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
+            prefix = self._extend(prefix, logits, tokens, probs)
+            new_ids = prefix[0, -1:].to(self.draft_model.device)
         # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
         self._cached_ids = prefix[0, : self._cache.get_seq_length()]
+        return self._chain(tokens, probs, input_ids)
+
+    def _extend(self, prefix: torch.LongTensor, logits: torch.FloatTensor, tokens: list, probs: list):
+        """Drafts the token after `prefix` `(1, length)` from raw logits `(1, vocab)` (`_draft_token`), appends it to
+        `tokens` and its distribution to `probs`, and returns `prefix` with it `(1, length + 1)`."""
+        token, token_probs = self._draft_token(prefix, logits)
+        tokens.append(token)
+        probs.append(token_probs)
+        return torch.cat([prefix, token.view(1, 1)], dim=-1)
+
+    def _chain(self, tokens: list, probs: list, input_ids: torch.LongTensor) -> Draft:
+        """The chain `Draft` of the `tokens` drafted after `input_ids`, with `draft_probs` when sampling."""
         draft_probs = torch.stack(probs) if self.do_sample and probs else None
         return Draft.chain(torch.stack(tokens) if tokens else input_ids.new_empty(0), draft_probs)
 
@@ -189,19 +206,14 @@ class DraftModelDrafter(Drafter):
         # 2. one forward per draft token for the rows whose budget asks for another
         for step in range(max(max_tokens)):
             for i in (i for i, budget in enumerate(max_tokens) if step < budget):
-                token, token_probs = self._draft_token(prefixes[i], logits[i : i + 1])
-                tokens[i].append(token)
-                probs[i].append(token_probs)
-                prefixes[i] = torch.cat([prefixes[i], token.view(1, 1)], dim=-1)
+                prefixes[i] = self._extend(prefixes[i], logits[i : i + 1], tokens[i], probs[i])
             feeding = torch.tensor([step + 1 < budget for budget in max_tokens])[:, None]
             if feeding.any():
                 last = torch.stack([prefix[0, -1] for prefix in prefixes])[:, None].to(self.draft_model.device)
                 logits = self._batch_logits(last, feeding, input_ids[0].device)
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
         self._batch_cached_ids = [prefix[0, :length] for prefix, length in zip(prefixes, self._batch_cache.lengths)]
-        return [Draft.chain(torch.stack(row_tokens) if row_tokens else ids.new_empty(0),
-                            torch.stack(row_probs) if self.do_sample and row_probs else None)
-                for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+        return [self._chain(row_tokens, row_probs, ids) for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
     def _feed_batch(self, committed: list[torch.LongTensor], rows: list[int], device) -> torch.FloatTensor:
         """Syncs the batch draft cache with each row's `committed` tokens `(length_i,)`: drops the rows that left,
@@ -215,8 +227,7 @@ class DraftModelDrafter(Drafter):
             kept = [self._batch_rows.index(row) for row in rows]
             self._batch_cache.select(torch.tensor(kept, dtype=torch.long))
             self._batch_rows, self._batch_cached_ids = list(rows), [self._batch_cached_ids[i] for i in kept]
-        reused = [min(common_prefix_length(cached, ids), len(ids) - 1)
-                  for cached, ids in zip(self._batch_cached_ids, committed)]
+        reused = [reusable_length(cached, ids) for cached, ids in zip(self._batch_cached_ids, committed)]
         self._batch_cache.truncate(torch.tensor(reused))
         new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)], self.draft_model.device)
         return self._batch_logits(new_ids, new_valid, device)
