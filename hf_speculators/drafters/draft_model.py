@@ -2,8 +2,8 @@
 
 import torch
 
-from ..cache import prepare_cache, truncate
-from ..forward import forward_logits
+from ..cache import RaggedCache, check_batch_support, prepare_cache, truncate
+from ..forward import forward_batch_logits, forward_logits
 from ..quantization import quantized_copy
 from ..tree import TokenTree
 from ..types import Draft
@@ -45,12 +45,30 @@ def common_prefix_length(a: torch.LongTensor, b: torch.LongTensor) -> int:
     return int(mismatches[0]) if len(mismatches) else n
 
 
+def reusable_length(cached_ids: torch.LongTensor, committed: torch.LongTensor) -> int:
+    """How many of the draft cache's tokens `cached_ids` `(n,)` a call keeps: those it shares with the `committed`
+    tokens `(length,)`, but never the last committed token, whose logits the call needs."""
+    return min(common_prefix_length(cached_ids, committed), len(committed) - 1)
+
+
+def right_aligned(sequences: list[torch.LongTensor], device) -> tuple[torch.LongTensor, torch.BoolTensor]:
+    """Stacks 1D `sequences` into `(len(sequences), longest)` input ids, each at the right end (padding first, id
+    0), and which slots hold a token `(len(sequences), longest)` (on the CPU, as `RaggedCache` keeps its masks)."""
+    lengths = torch.tensor([len(sequence) for sequence in sequences])
+    width = int(lengths.max())
+    valid = torch.arange(width) >= width - lengths[:, None]
+    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    input_ids[valid] = torch.cat([sequence.cpu() for sequence in sequences])
+    return input_ids.to(device), valid
+
+
 class DraftModelDrafter(Drafter):
     """Drafts with a smaller causal LM that shares the target's tokenizer (Leviathan et al. 2023; Chen et al. 2023).
 
     The draft model keeps its own `DynamicCache` across steps: each call rolls it back to the longest prefix it
     shares with the committed tokens and feeds only the tokens it has not seen, then drafts `max_tokens` tokens
-    one forward each. There is no re-prefill and no nested `generate()` per step.
+    one forward each. There is no re-prefill and no nested `generate()` per step. For a batch (`propose_batch`) the
+    draft cache is a `RaggedCache` with one row per running sequence, and each forward serves every row.
 
     Draft scores go through the same logits processors and warpers as the target's, so with sampling the
     returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
@@ -113,9 +131,20 @@ class DraftModelDrafter(Drafter):
         self.vocab_size = vocabulary_size(target)
         self._reset_cache()
 
+    def check_batch_support(self) -> None:
+        """Raises `ValueError` if the draft model's cache cannot hold a batch: sliding-window or linear-attention
+        layers (see `hf_speculators.cache.check_batch_support`)."""
+        try:
+            check_batch_support(prepare_cache(None, self.draft_model.config))
+        except ValueError as error:
+            raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
+
     def _reset_cache(self) -> None:
         self._cache = prepare_cache(None, self.draft_model.config)
         self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
+        self._batch_cache: RaggedCache | None = None  # for propose_batch: one row per running sequence
+        self._batch_rows: list[int] = []  # the generate call's batch row of each row of self._batch_cache
+        self._batch_cached_ids: list[torch.LongTensor] = []  # per row, the tokens whose KV it holds
 
     def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
         """Gives `logits` `(n, draft_vocab)` the target's width: extra rows dropped, missing ones at -inf."""
@@ -129,7 +158,7 @@ class DraftModelDrafter(Drafter):
         committed tokens `(n,)` it lacks, at least the last one (its logits give the first draft token)."""
         device = self.draft_model.device
         committed = input_ids[0].to(device)
-        reused = min(common_prefix_length(self._cached_ids.to(device), committed), len(committed) - 1)
+        reused = reusable_length(self._cached_ids.to(device), committed)
         truncate(self._cache, reused)
         return committed[reused:]
 
@@ -147,15 +176,68 @@ class DraftModelDrafter(Drafter):
         # 2. draft one token per forward
         for _ in range(max_tokens):
             logits = self._logits(new_ids[None], no_nodes, prefix.shape[1], 1, input_ids.device)
-            token, token_probs = self._draft_token(prefix, logits)
-            tokens.append(token)
-            probs.append(token_probs)
-            new_ids = token[None].to(self.draft_model.device)
-            prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
+            prefix = self._extend(prefix, logits, tokens, probs)
+            new_ids = prefix[0, -1:].to(self.draft_model.device)
         # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
         self._cached_ids = prefix[0, : self._cache.get_seq_length()]
+        return self._chain(tokens, probs, input_ids)
+
+    def _extend(self, prefix: torch.LongTensor, logits: torch.FloatTensor, tokens: list, probs: list):
+        """Drafts the token after `prefix` `(1, length)` from raw logits `(1, vocab)` (`_draft_token`), appends it to
+        `tokens` and its distribution to `probs`, and returns `prefix` with it `(1, length + 1)`."""
+        token, token_probs = self._draft_token(prefix, logits)
+        tokens.append(token)
+        probs.append(token_probs)
+        return torch.cat([prefix, token.view(1, 1)], dim=-1)
+
+    def _chain(self, tokens: list, probs: list, input_ids: torch.LongTensor) -> Draft:
+        """The chain `Draft` of the `tokens` drafted after `input_ids`, with `draft_probs` when sampling."""
         draft_probs = torch.stack(probs) if self.do_sample and probs else None
         return Draft.chain(torch.stack(tokens) if tokens else input_ids.new_empty(0), draft_probs)
+
+    @torch.no_grad()
+    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
+        """One batched draft forward per draft token for all rows; each row's chain is what `propose` would draft
+        for it alone (same logits processors, same `draft_probs`), cut to the row's own budget."""
+        # 1. each row's cache rolled back to what it shares with its committed tokens; the rest fed in one forward
+        logits = self._feed_batch([ids[0] for ids in input_ids], rows, input_ids[0].device)
+        prefixes = list(input_ids)
+        tokens, probs = [[] for _ in rows], [[] for _ in rows]
+        # 2. one forward per draft token for the rows whose budget asks for another
+        for step in range(max(max_tokens)):
+            for i in (i for i, budget in enumerate(max_tokens) if step < budget):
+                prefixes[i] = self._extend(prefixes[i], logits[i : i + 1], tokens[i], probs[i])
+            feeding = torch.tensor([step + 1 < budget for budget in max_tokens])[:, None]
+            if feeding.any():
+                last = torch.stack([prefix[0, -1] for prefix in prefixes])[:, None].to(self.draft_model.device)
+                logits = self._batch_logits(last, feeding, input_ids[0].device)
+        # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
+        self._batch_cached_ids = [prefix[0, :length] for prefix, length in zip(prefixes, self._batch_cache.lengths)]
+        return [self._chain(row_tokens, row_probs, ids) for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+
+    def _feed_batch(self, committed: list[torch.LongTensor], rows: list[int], device) -> torch.FloatTensor:
+        """Syncs the batch draft cache with each row's `committed` tokens `(length_i,)`: drops the rows that left,
+        rolls each row back to what it shares with its tokens and feeds the rest, at least the last token, in one
+        forward. Returns the logits `(len(rows), target_vocab)` after each row's last committed token."""
+        if self._batch_cache is None:
+            empty = torch.zeros(len(rows), 0, dtype=torch.bool)
+            self._batch_cache = RaggedCache(prepare_cache(None, self.draft_model.config), empty)
+            self._batch_rows, self._batch_cached_ids = list(rows), [committed[0].new_empty(0) for _ in rows]
+        if rows != self._batch_rows:  # finished rows leave
+            kept = [self._batch_rows.index(row) for row in rows]
+            self._batch_cache.select(torch.tensor(kept, dtype=torch.long))
+            self._batch_rows, self._batch_cached_ids = list(rows), [self._batch_cached_ids[i] for i in kept]
+        reused = [reusable_length(cached, ids) for cached, ids in zip(self._batch_cached_ids, committed)]
+        self._batch_cache.truncate(torch.tensor(reused))
+        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)], self.draft_model.device)
+        return self._batch_logits(new_ids, new_valid, device)
+
+    def _batch_logits(self, input_ids: torch.LongTensor, new_valid: torch.BoolTensor, device) -> torch.FloatTensor:
+        """Draft-model logits `(batch_size, target_vocab)` on `device` at the last slot of `input_ids`
+        `(batch_size, num_query)` after the batch draft cache, which keeps the slots `new_valid` marks."""
+        logits = forward_batch_logits(self.draft_model, self._batch_cache, input_ids, new_valid, num_logits=1)
+        self._batch_cache.append(new_valid)
+        return self._fit_vocabulary(logits[:, -1]).to(device)
 
     def __repr__(self) -> str:
         return f"DraftModelDrafter({type(self.draft_model).__name__}, num_draft_tokens={self.num_draft_tokens})"

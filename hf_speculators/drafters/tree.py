@@ -232,6 +232,13 @@ class TreeDrafter(DraftModelDrafter):
                 f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary."
             )
 
+    def check_batch_support(self) -> None:
+        raise ValueError(
+            f"TreeDrafter drafts token trees ({self.tree!r}), which batch size > 1 does not support yet: for a batch "
+            f"use DraftModelDrafter(draft_model, num_draft_tokens={self.tree.depth}) (a chain), or call generate "
+            "once per prompt."
+        )
+
     @torch.no_grad()
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
         num_committed, device = input_ids.shape[1], input_ids.device
