@@ -104,7 +104,7 @@ class GoodputSchedule(DraftLengthSchedule):
     k = 0 runs a plain one-token step; while there, a probe step drafts again (the best k >= 1) so that a call that
     started badly, or a text that becomes copyable again, is noticed. The wait for a probe is counted in seconds,
     not steps: a probe runs once the plain steps since the last drafted step have taken `1 / budget` times the
-    probe's expected extra seconds over a plain step (`expected_seconds()[k] - expected_seconds()[0]`), so that
+    probe's expected extra seconds over a plain step (from `expected_tokens_and_seconds()`), so that
     probing costs at most `budget` of the plain steps' time however dear a draft is: a free drafter whose drafts
     are often empty (prompt lookup) probes every step or two, a draft model that costs a target forward per token
     waits longer. The budget starts at `probe_overhead`; a probe whose draft gets nothing accepted halves it, down
@@ -183,42 +183,39 @@ class GoodputSchedule(DraftLengthSchedule):
 
     def expected_goodput(self) -> list[float]:
         """Entry k: the expected tokens per second of a step with draft length k, for k in `0..num_draft_tokens`."""
-        return [tokens / seconds if seconds > 0 else float("inf")
-                for tokens, seconds in zip(self.expected_tokens(), self.expected_seconds())]
+        return self._goodput_and_seconds()[0]
 
-    def expected_tokens(self) -> list[float]:
-        """Entry k: the expected tokens committed by a step with draft length k (the bonus or recovered one included)."""
-        strength, acceptance, presence = self.prior_strength, self.prior_acceptance, 1.0  # position 0's priors
-        tokens, survival = [1.0], 1.0
-        for accepted, reached, present, asked in zip(self.accepted, self.reached, self.present, self.asked):
-            acceptance = (accepted + strength * acceptance) / (reached + strength)
-            presence = (present + strength * presence) / (asked + strength)
-            survival *= acceptance
-            tokens.append(tokens[-1] + presence * survival)
-        return tokens
-
-    def expected_seconds(self) -> list[float]:
-        """Entry k: the expected seconds of a step with draft length k (k = 0: a plain step); needs a measured draft."""
+    def expected_tokens_and_seconds(self) -> tuple[list[float], list[float]]:
+        """Entry k of each: the expected tokens committed (the bonus or recovered one included) and seconds of a step
+        with draft length k, for k in `0..num_draft_tokens` (k = 0: a plain step). Needs a measured draft."""
         plain = self.plain_cost.value if self.plain_cost.value is not None else self.verify_cost(1)
         # the two cost lines in one: draft(depth) + verify(1 + nodes_per_depth * depth) = fixed + per_depth * depth
         draft, verify = self.draft_cost, self.verify_cost
         fixed = draft.intercept + verify.intercept + verify.slope
         per_depth = draft.slope + verify.slope * self.nodes_per_depth.value
-        strength, presence, depth, seconds = self.prior_strength, 1.0, 0.0, [plain]
-        for present, asked in zip(self.present, self.asked):
+        strength, acceptance, presence = self.prior_strength, self.prior_acceptance, 1.0  # position 0's priors
+        tokens, seconds, survival, depth = [1.0], [plain], 1.0, 0.0
+        for accepted, reached, present, asked in zip(self.accepted, self.reached, self.present, self.asked):
+            acceptance = (accepted + strength * acceptance) / (reached + strength)
             presence = (present + strength * presence) / (asked + strength)
+            survival *= acceptance
             depth += presence
+            tokens.append(tokens[-1] + presence * survival)
             seconds.append(fixed + per_depth * depth)
-        return seconds
+        return tokens, seconds
+
+    def _goodput_and_seconds(self) -> tuple[list[float], list[float]]:
+        tokens, seconds = self.expected_tokens_and_seconds()
+        return [t / step if step > 0 else float("inf") for t, step in zip(tokens, seconds)], seconds
 
     def _next_length(self) -> int:
         if not self.draft_cost.fitted:  # no draft measured yet (e.g. prompt lookup found nothing so far)
             return self.num_draft_tokens
-        rates = self.expected_goodput()
+        rates, seconds = self._goodput_and_seconds()
         best = max(range(len(rates)), key=rates.__getitem__)
         self.probing = False
         if best == 0:
-            probe, seconds = max(range(1, len(rates)), key=rates.__getitem__), self.expected_seconds()
+            probe = max(range(1, len(rates)), key=rates.__getitem__)
             if seconds[probe] - seconds[0] > self.probe_budget * self.num_plain_steps * seconds[0]:
                 self.num_plain_steps += 1
                 return 0
