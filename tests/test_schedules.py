@@ -193,22 +193,49 @@ def test_cheap_verification_and_high_acceptance_draft_the_bound():
     assert lengths[10:] == [BOUND] * 50
 
 
-def test_no_acceptance_gives_plain_steps_then_probes_with_growing_waits():
-    schedule = GoodputSchedule(BOUND, explore_interval=None, probe_interval=4, max_probe_interval=16)
+def probe_waits(lengths: list[int]) -> list[int]:
+    """The plain steps before each probe, from the first plain step on."""
+    text = "".join("p" if k == 0 else "d" for k in lengths[lengths.index(0):])
+    return [len(run) for run in text.split("d")[:-1] if run]
+
+
+def test_no_acceptance_gives_plain_steps_then_probes_whose_waits_grow_to_the_overhead_floor():
+    """A one-token probe costs 0.015 s against a plain step's 0.011 s: 0.004 s more, which the plain steps before
+    it pay for at 0.5, 0.25, 0.125, then (the floor) 0.0625 of their time: waits of 1, 2, 3, then 6 steps."""
+    schedule = GoodputSchedule(BOUND, explore_interval=None)
     lengths = simulate_steps(schedule, 80, lambda i: 0.0, draft_cost=0.003, verify_intercept=0.01,
                              verify_slope=0.001, rng=random.Random(0))
-    first_plain = lengths.index(0)
-    assert first_plain <= 3
-    probes = [i for i in range(first_plain, len(lengths)) if lengths[i] > 0]
-    assert all(lengths[i] == 1 for i in probes)  # a probe drafts the best length >= 1: one token
-    waits = [b - a - 1 for a, b in zip(probes, probes[1:])]
-    assert waits[:3] == [8, 16, 16]  # doubled after each rejected probe, up to max_probe_interval
+    assert lengths.index(0) <= 3
+    assert set(lengths[lengths.index(0):]) == {0, 1}  # a probe drafts the best length >= 1: one token
+    assert probe_waits(lengths)[:6] == [1, 2, 3, 6, 6, 6]
+
+
+def test_the_wait_for_a_probe_grows_with_what_the_probe_costs():
+    """Probing spends a share of the plain steps' time, not a number of steps: a free drafter (prompt lookup)
+    probes every other step while a dear one waits tens of steps."""
+    waits = {}
+    for draft_cost in (0.0, 0.03):
+        lengths = simulate_steps(GoodputSchedule(BOUND, explore_interval=None), 150, lambda i: 0.0,
+                                 draft_cost=draft_cost, verify_intercept=0.01, verify_slope=0.001,
+                                 rng=random.Random(0))
+        waits[draft_cost] = probe_waits(lengths)[-1]
+    assert waits[0.0] <= 2 and waits[0.03] >= 40
+
+
+def test_a_free_drafter_drafts_a_copyable_stretch_after_a_long_run_of_rejections():
+    """Prompt lookup on text with nothing to copy, then on a copyable stretch: drafting resumes at once and reaches
+    the bound within ten steps (probes that backed off to tens of plain steps would miss most of the stretch)."""
+    schedule, rng = GoodputSchedule(BOUND, explore_interval=None), random.Random(0)
+    costs = dict(draft_cost=0.0, verify_intercept=0.01, verify_slope=0.0005, rng=rng)
+    assert simulate_steps(schedule, 60, lambda i: 0.0, **costs)[-20:].count(0) >= 8  # mostly plain steps by then
+    lengths = simulate_steps(schedule, 20, lambda i: 1.0, **costs)
+    assert lengths[:2].count(0) <= 1 and 0 not in lengths[2:] and lengths[10:] == [BOUND] * 10
 
 
 def test_drafting_resumes_when_a_probe_is_accepted():
     schedule, rng = GoodputSchedule(BOUND, explore_interval=None), random.Random(0)
     costs = dict(draft_cost=0.001, verify_intercept=0.01, verify_slope=0.0005, rng=rng)
-    assert simulate_steps(schedule, 30, lambda i: 0.0, **costs)[-10:].count(0) >= 8
+    assert simulate_steps(schedule, 30, lambda i: 0.0, **costs)[-10:].count(0) >= 7  # plain but for probes
     lengths = simulate_steps(schedule, 80, lambda i: 1.0, **costs)
     assert lengths[-10:] == [BOUND] * 10
 
@@ -341,14 +368,15 @@ def test_cli_schedule_flags_and_defaults():
 
 
 def test_a_probe_that_finds_nothing_to_draft_keeps_the_wait():
-    schedule = GoodputSchedule(BOUND, explore_interval=None, probe_interval=4)
+    schedule = GoodputSchedule(BOUND, explore_interval=None)
     simulate_steps(schedule, 12, lambda i: 0.0, draft_cost=0.003, verify_intercept=0.01, verify_slope=0.001,
                    rng=random.Random(0))
     while not schedule.probing:
         schedule.update(0, 0, 0, 0, 0.0, 0.011)
-    interval = schedule.probe_interval
+    budget = schedule.probe_budget
+    assert budget < schedule.probe_overhead  # the rejected probes before halved it
     schedule.update(schedule.draft_length, 0, 0, 0, 1e-5, 0.011)  # prompt lookup found no match: an empty draft
-    assert schedule.probe_interval == interval
+    assert schedule.probe_budget == budget
 
 
 def test_goodput_sampling_runs_and_heuristic_sampling_stays_reproducible(zoo):

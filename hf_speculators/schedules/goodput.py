@@ -101,11 +101,18 @@ class GoodputSchedule(DraftLengthSchedule):
 
     The estimates (module docstring) come from this call's own steps: acceptance per draft position, the seconds
     of drafting and of verification measured by the loop's existing clock reads (no extra device synchronization).
-    k = 0 runs a plain one-token step; while there, a probe step drafts again now and then (the best k >= 1) so a
-    call that started badly can recover; a probe whose draft gets nothing accepted doubles the wait for the next one.
-    Every `explore_interval` drafted steps, one step uses a neighbouring length (k - 1, then k + 1), so that the
-    costs at other lengths and the acceptance one position further are measured, not only assumed. The first step
-    drafts `num_draft_tokens` (nothing is measured yet).
+    k = 0 runs a plain one-token step; while there, a probe step drafts again (the best k >= 1) so that a call that
+    started badly, or a text that becomes copyable again, is noticed. The wait for a probe is counted in seconds,
+    not steps: a probe runs once the plain steps since the last drafted step have taken `1 / budget` times the
+    probe's expected extra seconds over a plain step (from `expected_tokens_and_seconds()`), so that
+    probing costs at most `budget` of the plain steps' time however dear a draft is: a free drafter whose drafts
+    are often empty (prompt lookup) probes every step or two, a draft model that costs a target forward per token
+    waits longer. The budget starts at `probe_overhead`; a probe whose draft gets nothing accepted halves it, down
+    to `min_probe_overhead` (on a call where drafts are never accepted, probes cost at most that fraction); an
+    accepted probe restores it; a probe that found nothing to draft leaves it. Every `explore_interval` drafted
+    steps, one step uses a neighbouring length (k - 1, then k + 1), so that the costs at other lengths and the
+    acceptance one position further are measured, not only assumed. The first step drafts `num_draft_tokens`
+    (nothing is measured yet).
 
     Args:
         num_draft_tokens (`int`): the upper bound on the draft length.
@@ -118,8 +125,9 @@ class GoodputSchedule(DraftLengthSchedule):
             noisy and change slowly).
         verify_relative_slope (`float`, defaults to 0.1): the prior cost of one more scored token relative to a
             one-token target forward (measured within a few steps).
-        probe_interval (`int`, defaults to 4), max_probe_interval (`int`, defaults to 64): plain steps before the
-            first probe, and the most the wait grows to.
+        probe_overhead (`float`, defaults to 0.5), min_probe_overhead (`float`, defaults to 0.0625): the most a
+            probe's expected extra seconds may be as a fraction of the plain steps' seconds before it, at first and
+            after rejected probes (see above).
         explore_interval (`int` or `None`, defaults to 16): drafted steps between exploration steps; `None`: never.
     """
 
@@ -127,7 +135,7 @@ class GoodputSchedule(DraftLengthSchedule):
 
     def __init__(self, num_draft_tokens: int, *, prior_acceptance: float = 0.8, prior_strength: float = 1.0,
                  memory: float = 0.95, cost_memory: float = 0.98, verify_relative_slope: float = 0.1,
-                 probe_interval: int = 4, max_probe_interval: int = 64, explore_interval: int | None = 16):
+                 probe_overhead: float = 0.5, min_probe_overhead: float = 0.0625, explore_interval: int | None = 16):
         super().__init__(num_draft_tokens)
         self.prior_acceptance, self.prior_strength, self.memory = prior_acceptance, prior_strength, memory
         self.reached = [0.0] * num_draft_tokens  # discounted steps whose draft reached position i (earlier accepted)
@@ -138,9 +146,9 @@ class GoodputSchedule(DraftLengthSchedule):
         self.draft_cost = CostFit(relative_slope=1.0, memory=cost_memory)  # seconds vs tokens drafted (depth)
         self.verify_cost = CostFit(relative_slope=verify_relative_slope, memory=cost_memory)  # vs tokens scored
         self.plain_cost = MovingAverage(cost_memory)  # seconds of a step without a draft
-        self.base_probe_interval, self.max_probe_interval = probe_interval, max_probe_interval
-        self.probe_interval, self.explore_interval = probe_interval, explore_interval
-        self.num_plain_steps = self.num_drafted_steps = 0  # plain steps in a row; drafted steps so far
+        self.probe_overhead, self.min_probe_overhead = probe_overhead, min_probe_overhead
+        self.probe_budget, self.explore_interval = probe_overhead, explore_interval
+        self.num_plain_steps = self.num_drafted_steps = 0  # plain steps since the last drafted one; drafted steps
         self.probing = False
 
     def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
@@ -154,8 +162,8 @@ class GoodputSchedule(DraftLengthSchedule):
             self.verify_cost.add(num_nodes + 1, verify_seconds)
             self.nodes_per_depth.add(num_nodes / depth)
         if self.probing and num_nodes:  # a probe that found nothing to draft (prompt lookup) says nothing
-            self.probe_interval = (self.base_probe_interval if num_accepted else
-                                   min(2 * self.probe_interval, self.max_probe_interval))
+            self.probe_budget = (self.probe_overhead if num_accepted else
+                                 max(self.probe_budget / 2, self.min_probe_overhead))
         self.draft_length = self._next_length()
 
     def _observe_acceptance(self, asked: int, depth: int, num_accepted: int) -> None:
@@ -175,35 +183,43 @@ class GoodputSchedule(DraftLengthSchedule):
 
     def expected_goodput(self) -> list[float]:
         """Entry k: the expected tokens per second of a step with draft length k, for k in `0..num_draft_tokens`."""
+        return self._goodput_and_seconds()[0]
+
+    def expected_tokens_and_seconds(self) -> tuple[list[float], list[float]]:
+        """Entry k of each: the expected tokens committed (the bonus or recovered one included) and seconds of a step
+        with draft length k, for k in `0..num_draft_tokens` (k = 0: a plain step). Needs a measured draft."""
         plain = self.plain_cost.value if self.plain_cost.value is not None else self.verify_cost(1)
-        rates = [1.0 / plain if plain > 0 else float("inf")]
         # the two cost lines in one: draft(depth) + verify(1 + nodes_per_depth * depth) = fixed + per_depth * depth
-        draft, verify, nodes_per_depth = self.draft_cost, self.verify_cost, self.nodes_per_depth.value
+        draft, verify = self.draft_cost, self.verify_cost
         fixed = draft.intercept + verify.intercept + verify.slope
-        per_depth = draft.slope + verify.slope * nodes_per_depth
+        per_depth = draft.slope + verify.slope * self.nodes_per_depth.value
         strength, acceptance, presence = self.prior_strength, self.prior_acceptance, 1.0  # position 0's priors
-        tokens, depth, survival = 1.0, 0.0, 1.0
+        tokens, seconds, survival, depth = [1.0], [plain], 1.0, 0.0
         for accepted, reached, present, asked in zip(self.accepted, self.reached, self.present, self.asked):
             acceptance = (accepted + strength * acceptance) / (reached + strength)
             presence = (present + strength * presence) / (asked + strength)
             survival *= acceptance
-            tokens += presence * survival
             depth += presence
-            seconds = fixed + per_depth * depth
-            rates.append(tokens / seconds if seconds > 0 else float("inf"))
-        return rates
+            tokens.append(tokens[-1] + presence * survival)
+            seconds.append(fixed + per_depth * depth)
+        return tokens, seconds
+
+    def _goodput_and_seconds(self) -> tuple[list[float], list[float]]:
+        tokens, seconds = self.expected_tokens_and_seconds()
+        return [t / step if step > 0 else float("inf") for t, step in zip(tokens, seconds)], seconds
 
     def _next_length(self) -> int:
         if not self.draft_cost.fitted:  # no draft measured yet (e.g. prompt lookup found nothing so far)
             return self.num_draft_tokens
-        rates = self.expected_goodput()
+        rates, seconds = self._goodput_and_seconds()
         best = max(range(len(rates)), key=rates.__getitem__)
         self.probing = False
         if best == 0:
-            self.num_plain_steps += 1
-            if self.num_plain_steps <= self.probe_interval:
+            probe = max(range(1, len(rates)), key=rates.__getitem__)
+            if seconds[probe] - seconds[0] > self.probe_budget * self.num_plain_steps * seconds[0]:
+                self.num_plain_steps += 1
                 return 0
-            self.probing, best = True, max(range(1, len(rates)), key=rates.__getitem__)
+            self.probing, best = True, probe
         self.num_plain_steps = 0
         self.num_drafted_steps += 1
         if self.explore_interval and not self.probing and self.num_drafted_steps % self.explore_interval == 0:
