@@ -4,6 +4,8 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
+
 
 def prepare_cache(cache: Cache | None, config) -> DynamicCache:
     """Returns a cache that speculative decoding can roll back, creating one if `cache` is `None`.
@@ -143,7 +145,7 @@ class RaggedCache:
         max_holes (`int`, defaults to 32): hole slots the widest row may carry before all rows are compacted.
     """
 
-    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32):
+    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES):
         self.cache, self.valid, self.max_holes = cache, valid, max_holes
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
 
