@@ -5,7 +5,8 @@ than `max_holes` holes, every row is compacted (its tokens gathered to the right
 small and the attention short but gather often (0: realign after every step); large ones never gather but attend
 over more slots. This runs the batched loop (prompt lookup, greedy) on the same left-padded batches once per value,
 back to back per batch, and prints total throughput (new tokens per second), the peak cache width (slots per row)
-and the share of hole slots (prompt padding included) averaged over steps. Every value must give the same tokens.
+the share of hole slots (prompt padding included) and the share of slots beyond the widest row's tokens (what
+compaction would remove; `max_holes` bounds it), both over all steps. Every value must give the same tokens.
 
     python examples/batch_compaction.py [--prompts ../shared/data/spec_bench_question.jsonl] [--limit 16] \\
         [--batch-size 4] [--max-holes 0,8,32,128,100000] [--max-new-tokens 128]
@@ -27,16 +28,17 @@ from hf_speculators.verifiers import resolve_verifier
 
 
 class CacheWidth:
-    """Cache slots and hole slots seen after every step of the runs it watches."""
+    """Cache slots, hole slots and slots beyond the widest row's tokens, after every step of the runs it watches."""
 
     def __init__(self):
-        self.peak_slots, self.slots, self.holes = 0, 0, 0
+        self.peak_slots, self.slots, self.holes, self.excess = 0, 0, 0, 0
 
     def watch(self, cache) -> None:
         rows, slots = cache.valid.shape
         self.peak_slots = max(self.peak_slots, slots)
         self.slots += rows * slots
         self.holes += rows * slots - int(cache.valid.sum())
+        self.excess += rows * (slots - int(cache.lengths.max()))
 
 
 def batched_loop(drafter, max_holes: int, width: CacheWidth):
@@ -91,13 +93,14 @@ def main() -> None:
             outputs[value] += row_new_ids(out, batch["input_ids"].shape[1], tokenizer.eos_token_id)
     print(f"{len(texts)} prompts, batch size {args.batch_size}, {args.max_new_tokens} new tokens, prompt lookup "
           f"k={args.num_draft_tokens}")
-    print(f"{'max_holes':>10} {'tokens/s':>9} {'vs first':>9} {'peak slots':>11} {'hole share':>11} {'same tokens':>12}")
+    print(f"{'max_holes':>10} {'tokens/s':>9} {'vs first':>9} {'peak slots':>11} {'hole share':>11} {'excess':>7} {'same tokens':>12}")
     first = sum(len(row) for row in outputs[values[0]]) / seconds[values[0]]
     for value in values:
         rate = sum(len(row) for row in outputs[value]) / seconds[value]
         same = all(torch.equal(a, b) for a, b in zip(outputs[value], outputs[values[0]]))
         print(f"{value:>10} {rate:>9.1f} {rate / first:>8.2f}x {widths[value].peak_slots:>11} "
-              f"{widths[value].holes / widths[value].slots:>10.1%} {str(same):>12}")
+              f"{widths[value].holes / widths[value].slots:>10.1%} {widths[value].excess / widths[value].slots:>6.1%} "
+              f"{str(same):>12}")
 
 
 if __name__ == "__main__":
