@@ -468,6 +468,12 @@ def _timed_generate(target, batch: Batch, generate_kwargs: dict, max_new_tokens:
                  row_stats(stats, row, rows)) for row, ids in enumerate(new_ids)]
 
 
+def _timed_generate_one(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+    """`_timed_generate` on one prompt `(1, prompt_tokens)`, unpadded."""
+    batch = Batch([0], input_ids, None, [input_ids.shape[1]], [False])
+    return _timed_generate(target, batch, generate_kwargs, max_new_tokens)[0]
+
+
 def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
             system_prompt: str | None = None) -> tuple[torch.LongTensor, bool]:
     """Tokenizes `text` (through the chat template if asked); keeps the last `max_prompt_tokens` tokens."""
