@@ -2,7 +2,7 @@
 
 import torch
 
-from .cache import RaggedCache
+from .cache import DEFAULT_MAX_HOLES, RaggedCache
 from .drafters import Drafter
 from .metrics import SpeculativeStats, clock
 from .outputs import SpeculativeGenerateOutput, commit_tokens
@@ -51,15 +51,18 @@ class BatchedSpeculativeDecoding:
         generation_config, logits_processor, stopping_criteria: as transformers prepared them.
         generator (`torch.Generator`): the only source of randomness.
         pad_token_id (`int`): fills draft-less query slots and the end of rows that finished early.
+        max_holes (`int`, defaults to `cache.DEFAULT_MAX_HOLES`): the `RaggedCache` compaction threshold (0: realign
+            every step). Not a `generate` argument: `examples/batch_compaction.py` passes it to measure its cost.
     """
 
     def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule, cache,
-                 generation_config, logits_processor, stopping_criteria, generator, pad_token_id: int):
+                 generation_config, logits_processor, stopping_criteria, generator, pad_token_id: int,
+                 max_holes: int = DEFAULT_MAX_HOLES):
         self.model, self.drafter, self.verifier, self.schedule = model, drafter, verifier, schedule
         self.generation_config, self.logits_processor, self.stopping_criteria = (
             generation_config, logits_processor, stopping_criteria)
         self.generator, self.pad_token_id, self.device = generator, pad_token_id, model.device
-        self._dynamic_cache = cache
+        self._dynamic_cache, self.max_holes = cache, max_holes
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
 
     def prefill(self, input_ids: torch.LongTensor, num_pads: list[int]) -> None:
@@ -70,7 +73,8 @@ class BatchedSpeculativeDecoding:
         self.row_stats = [SpeculativeStats(lossless=self.stats.lossless, verifier=self.stats.verifier,
                                            drafter=self.stats.drafter) for _ in self.active]
         new_valid = torch.arange(input_ids.shape[1] - 1) >= torch.tensor(num_pads)[:, None]
-        self.cache = RaggedCache(self._dynamic_cache, torch.zeros(input_ids.shape[0], 0, dtype=torch.bool))
+        self.cache = RaggedCache(self._dynamic_cache, torch.zeros(input_ids.shape[0], 0, dtype=torch.bool),
+                                 self.max_holes)
         if input_ids.shape[1] > 1:
             self.drafter.target_forward_batch(self.model, self.cache, input_ids[:, :-1], new_valid, num_logits=1)
             self.stats.num_target_forwards += 1

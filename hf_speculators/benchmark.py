@@ -3,7 +3,8 @@
 `run_benchmark` warms every method up, then runs the methods back to back on each prompt (so that machine noise
 hits all of them alike), checks that every exact method reproduces plain greedy decoding token for token, writes
 one JSONL record per (prompt, method) and summarises tokens/s, speedup, mean acceptance length and the
-identical-output rate per category.
+identical-output rate per category. With `batch_size=B > 1` the prompts are grouped in order into batches of B
+(left padded) and every method, plain batched `generate()` included, runs once per batch (`bench_batches`).
 
 Record format (one JSON object per line, one line per (prompt, method), every line self-contained):
 
@@ -23,8 +24,21 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
     provenance                                    the run: git commit, versions, device, dtype, threads, models and
-                                                  their quantization configs, settings and timestamp (the same
-                                                  object on every line)
+                                                  their quantization configs, settings (`batch_size` among them;
+                                                  `skipped_methods`: method -> why it cannot run a batch) and
+                                                  timestamp (the same object on every line)
+
+With `batch_size > 1` a record is still one row (prompt) of one method, with these changes and additions:
+
+    new_tokens                                    the row's own new tokens, up to its first EOS (not the padding)
+    seconds, forward_seconds                      the batch call's seconds divided by its number of rows, so that
+                                                  sums over records give total time (tokens/s of the whole run)
+    identical_to_plain                            compared with the row of plain batched generate() (same padding)
+    num_target_forwards                           the batch call's forwards (shared by its rows)
+    draft_time, verify_time                       the batch call's, divided by its number of rows; the other
+                                                  `SpeculativeStats` figures are the row's own (`row_stats`)
+    batch_index, batch_rows, batch_seconds,       the batch (0-based), its rows, the call's wall-clock seconds, its
+    batch_pad_tokens                              prompts' left padding slots
 """
 
 import json
@@ -32,7 +46,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import zip_longest
 from pathlib import Path
@@ -43,6 +57,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
+from .bench_batches import Batch, batch_skip_reason, make_batches, pad_token, padding_overhead, row_new_ids, row_stats
 from .chat import encode_prompt, use_chat_template
 from .decoding import generate
 from .drafters import LayerSkipDrafter
@@ -170,11 +185,14 @@ class BenchmarkResult:
         records (`list[dict]`): one record per (prompt, method), in the format of the module docstring.
         summary (`dict[str, dict[str, dict]]`): `summarize(records)`: category (and `"all"`) -> method -> figures.
         mismatches (`list[dict]`): the records of exact methods whose output differs from plain greedy decoding.
+        skipped (`dict[str, str]`): methods that did not run, and why (with `batch_size > 1`: those that cannot
+            run a batch).
     """
 
     records: list[dict]
     summary: dict[str, dict[str, dict]]
     mismatches: list[dict]
+    skipped: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -201,6 +219,11 @@ class BenchmarkResult:
         lines += ["acceptance rate per draft position (all prompts)"] + [
             f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
         ]
+        padding = padding_overhead(self.records)
+        if padding is not None:
+            lines.append(f"padding (plain batched): {padding['prompt_padding']:.1%} of prompt slots are left padding, "
+                         f"{padding['finished_rows']:.1%} of decoding row-steps run rows that had finished")
+        lines += [f"skipped {method}: {reason}" for method, reason in self.skipped.items()]
         return "\n".join(lines)
 
 
@@ -428,16 +451,27 @@ def _forward_timer(target, modules: list):
             hook.remove()
 
 
-def _timed_generate(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
-    """One greedy generate call on `input_ids` `(1, prompt_tokens)`, timed, with its model forwards measured."""
+def _timed_generate(target, batch: Batch, generate_kwargs: dict, max_new_tokens: int) -> list[_Run]:
+    """One greedy generate call on a batch of prompts, timed, with its model forwards measured; one `_Run` per row,
+    each with the row's own new tokens and an even share of the call's seconds (`bench_batches`)."""
+    rows = len(batch.indices)
+    padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
+                                                       "pad_token_id": batch.pad_token_id}
     with _forward_timer(target, _timed_modules(target, generate_kwargs)) as forwards:
         start = clock(target.device)
-        output = target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                 return_dict_in_generate=True, **generate_kwargs)
+        output = target.generate(batch.input_ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 return_dict_in_generate=True, **padding, **generate_kwargs)
         seconds = clock(target.device) - start
-    new_ids = output.sequences[0, input_ids.shape[1] :].cpu()
-    return _Run(new_ids, seconds, forwards["num_target_forwards"], forwards["forward_seconds"],
-                getattr(output, "speculative_stats", None))
+    stats = getattr(output, "speculative_stats", None)
+    new_ids = row_new_ids(output.sequences, batch.input_ids.shape[1], target.generation_config.eos_token_id)
+    return [_Run(ids, seconds / rows, forwards["num_target_forwards"], forwards["forward_seconds"] / rows,
+                 row_stats(stats, row, rows)) for row, ids in enumerate(new_ids)]
+
+
+def _timed_generate_one(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+    """`_timed_generate` on one prompt `(1, prompt_tokens)`, unpadded."""
+    batch = Batch([0], input_ids, None, [input_ids.shape[1]], [False])
+    return _timed_generate(target, batch, generate_kwargs, max_new_tokens)[0]
 
 
 def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
@@ -499,7 +533,8 @@ def _provenance(target, draft, methods, settings: dict) -> dict:
 
 
 def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, prompt_tokens: int, truncated: bool,
-            provenance: dict) -> dict:
+            provenance: dict, batch: dict) -> dict:
+    """One (prompt, method) record (module docstring); `batch`: the batch fields (empty for batch size 1)."""
     stats = run.stats.to_dict() if run.stats is not None else {}
     return {
         "question_id": prompt.question_id,
@@ -515,7 +550,8 @@ def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, pro
         "identical_to_plain": torch.equal(run.new_ids, plain.new_ids),
         "num_target_forwards": run.num_target_forwards,
         "forward_seconds": run.forward_seconds,
-        **{field: stats.get(field) for field in STATS_FIELDS},
+        **{name: stats.get(name) for name in STATS_FIELDS},
+        **batch,
         "provenance": provenance,
     }
 
@@ -548,6 +584,7 @@ def run_benchmark(
     medusa_head: str | None = None,
     num_draft_tokens_schedule: str | None = None,
     variants: Sequence[tuple[int, str]] | None = None,
+    batch_size: int = 1,
 ) -> BenchmarkResult:
     """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
 
@@ -620,6 +657,12 @@ def run_benchmark(
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our
             methods then runs once per pair, side by side, named by `variant_label` (e.g. `draft-model[k=3]`,
             `draft-model[goodput,k<=6]`); transformers' methods keep `num_draft_tokens`.
+        batch_size (`int`, defaults to 1): prompts per generate call. With B > 1 the prompts are grouped in order
+            into batches of B, left padded with the tokenizer's pad token (else its EOS token), and every method
+            runs once per batch against plain batched `generate()` on the same padded batch; methods that cannot
+            run a batch (transformers' assisted generation, drafters whose `check_batch_support` raises) are
+            skipped, with the reason in `BenchmarkResult.skipped`. Records stay one per (prompt, method) (see the
+            module docstring for the batch fields).
 
     Returns:
         `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
@@ -631,7 +674,8 @@ def run_benchmark(
             without `exit_layer`, an unknown `num_draft_tokens_schedule`, a self-draft method that cannot quantize
             `target` (see
             `DraftModelDrafter.from_target`), no prompts, a size below 1
-            (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`), `chat_template=True`
+            (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`, `batch_size`), a batch
+            size above 1 with a tokenizer that has neither a pad nor an EOS token, `chat_template=True`
             or `system_prompt` without a chat template (see `hf_speculators.chat.use_chat_template`), a prompt of no tokens, or `max_new_tokens` at or over the position limit.
     """
     methods = _check_methods(methods, draft, exit_layer, {"eagle_head": eagle_head, "medusa_head": medusa_head})
@@ -640,10 +684,12 @@ def run_benchmark(
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
     sizes = [("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
-             ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size)]
+             ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size), ("batch_size", batch_size)]
     for name, value in sizes + [("num_draft_tokens", k) for k, _ in variants or ()]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    if batch_size > 1 and pad_token(tokenizer) is None:
+        raise ValueError("batch_size > 1 pads the prompts: give the tokenizer a pad_token or an eos_token.")
     budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
     verifier = resolve_verifier(verifier, do_sample=False)
     schedule = check_schedule(num_draft_tokens_schedule)
@@ -656,10 +702,15 @@ def run_benchmark(
                 "system_prompt": system_prompt,
                 "verifier": repr(verifier), "num_draft_tokens_schedule": schedule,
                 "variants": None if variants is None else [list(v) for v in variants], **recorded_options,
-                "draft_vocab_size": None if draft_vocab is None else len(draft_vocab)}
+                "draft_vocab_size": None if draft_vocab is None else len(draft_vocab), "batch_size": batch_size}
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt) for p in prompts]
+    batches = make_batches(encoded, batch_size, pad_token(tokenizer))
     kwargs = {label: _generate_kwargs(m, target, draft, k, max_ngram_size, verifier, name, drafter_options)
               for m in methods for label, k, name in _variants(m, num_draft_tokens, schedule, variants)}
+    skipped = {label: reason for label, kw in kwargs.items() if batch_size > 1
+               for reason in [batch_skip_reason(kw)] if reason is not None}
+    kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
+    settings["skipped_methods"] = skipped
     with ExitStack() as stack:
         stack.enter_context(_num_threads(num_threads))
         if "hf-assisted" in methods:
@@ -670,30 +721,40 @@ def run_benchmark(
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None
         provenance = _provenance(target, draft, methods, settings)
-        records = _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose)
-    return _finish(records, verbose)
+        records = _run_prompts(target, prompts, batches, kwargs, max_new_tokens, provenance, out, verbose,
+                               batched=batch_size > 1)
+    return _finish(records, verbose, skipped)
 
 
-def _run_prompts(target, prompts, encoded, kwargs, max_new_tokens, provenance, out, verbose) -> list[dict]:
-    """Warms every method up on the first prompt, then runs all methods back to back on each prompt."""
+def _run_prompts(target, prompts, batches: list[Batch], kwargs, max_new_tokens, provenance, out, verbose,
+                 batched: bool) -> list[dict]:
+    """Warms every method up on the first batch, then runs all methods back to back on each batch (of one prompt
+    unless `batched`, whose records get the batch fields)."""
     for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
-        _timed_generate(target, encoded[0][0], method_kwargs, max_new_tokens)
+        _timed_generate(target, batches[0], method_kwargs, max_new_tokens)
     records = []
-    progress = tqdm(list(zip(prompts, encoded)), desc="bench", unit="prompt", disable=not verbose)
-    for index, (prompt, (input_ids, truncated)) in enumerate(progress):
-        runs = {m: _timed_generate(target, input_ids, kw, max_new_tokens) for m, kw in kwargs.items()}
-        new = [_record(prompt, index, m, run, runs["plain"], input_ids.shape[1], truncated, provenance)
-               for m, run in runs.items()]
-        if out is not None:  # written as each prompt finishes, so an interrupted run keeps what it measured
+    progress = tqdm(batches, desc="bench", unit="batch" if batched else "prompt", disable=not verbose)
+    for batch_index, batch in enumerate(progress):
+        runs = {m: _timed_generate(target, batch, kw, max_new_tokens) for m, kw in kwargs.items()}
+        new = [_record(prompts[index], index, m, rows[row], runs["plain"][row], batch.prompt_tokens[row],
+                       batch.truncated[row], provenance, _batch_fields(batch_index, batch, rows[row]) if batched else {})
+               for row, index in enumerate(batch.indices) for m, rows in runs.items()]
+        if out is not None:  # written as each batch finishes, so an interrupted run keeps what it measured
             out.writelines(json.dumps(record) + "\n" for record in new)
             out.flush()
         records += new
     return records
 
 
-def _finish(records: list[dict], verbose: bool) -> BenchmarkResult:
+def _batch_fields(batch_index: int, batch: Batch, run: _Run) -> dict:
+    """The batch fields of a record of a batched run (module docstring)."""
+    return {"batch_index": batch_index, "batch_rows": len(batch.indices),
+            "batch_seconds": run.seconds * len(batch.indices), "batch_pad_tokens": batch.num_pad_tokens}
+
+
+def _finish(records: list[dict], verbose: bool, skipped: dict[str, str]) -> BenchmarkResult:
     mismatches = [r for r in records if r["exact"] and not r["identical_to_plain"]]
-    result = BenchmarkResult(records, summarize(records), mismatches)
+    result = BenchmarkResult(records, summarize(records), mismatches, skipped)
     if verbose:
         print(result.table())
         for r in mismatches:

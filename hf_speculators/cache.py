@@ -4,6 +4,8 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
+
 
 def prepare_cache(cache: Cache | None, config) -> DynamicCache:
     """Returns a cache that speculative decoding can roll back, creating one if `cache` is `None`.
@@ -140,12 +142,12 @@ class RaggedCache:
     Args:
         cache (`DynamicCache`): an empty cache, or one whose slots `valid` describes.
         valid (`torch.BoolTensor` of shape `(batch_size, num_slots)`): which slots of each row hold a token.
-        max_holes (`int`, defaults to 32): hole slots the widest row may carry before all rows are compacted.
+        max_holes (`int`, defaults to `DEFAULT_MAX_HOLES`, 32): hole slots the widest row may carry before all rows are compacted.
         rows (`list[int]`, *optional*): each row's index in the generate call's batch (default `0 .. batch_size - 1`);
             `select` keeps it in step, as `self.rows`.
     """
 
-    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = 32,
+    def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES,
                  rows: list[int] | None = None):
         self.cache, self.valid, self.max_holes = cache, valid, max_holes
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds

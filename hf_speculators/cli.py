@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
     bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
                        help="our prompt lookups' match rule among earlier occurrences (default: latest)")
+    bench.add_argument("--batch-size", type=int, default=1, metavar="B",
+                       help="prompts per generate call, grouped in order and left padded; each method runs per batch "
+                            "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
     bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
     bench.add_argument("--plot", default=None, metavar="FILE.png",
                        help="also draw speedup and mean acceptance length per method and category (matplotlib)")
@@ -324,7 +327,7 @@ def run_bench(args) -> int:
         exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
         draft_vocab=draft_vocab, chat_template=chat, system_prompt=args.system, eagle_head=args.eagle_head,
         medusa_head=args.medusa_head, num_draft_tokens_schedule=args.num_draft_tokens_schedule,
-        variants=args.variants,
+        variants=args.variants, batch_size=args.batch_size,
     )
     print(f"records: {args.out}")
     if args.plot is not None:

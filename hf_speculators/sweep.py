@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .benchmark import Prompt, _encode, _num_threads, _prompt_budget, _timed_generate
+from .benchmark import Prompt, _encode, _num_threads, _prompt_budget, _timed_generate_one
 from .chat import use_chat_template
 from .decoding import generate
 from .drafters import Drafter
@@ -159,9 +159,9 @@ def run_sweep(
     records: dict[Verifier, list[dict]] = {v: [] for v in verifiers}
     with _num_threads(num_threads):
         for verifier_kwargs in kwargs.values():  # warm-up, untimed
-            _timed_generate(target, encoded[0], verifier_kwargs, max_new_tokens)
+            _timed_generate_one(target, encoded[0], verifier_kwargs, max_new_tokens)
         for index, input_ids in enumerate(encoded):
-            runs = {v: _timed_generate(target, input_ids, kw, max_new_tokens) for v, kw in kwargs.items()}
+            runs = {v: _timed_generate_one(target, input_ids, kw, max_new_tokens) for v, kw in kwargs.items()}
             exact_ids = runs[verifiers[0]].new_ids
             for verifier, run in runs.items():
                 records[verifier].append(
