@@ -1,48 +1,32 @@
 """Batched speculative generate: every row exactly its own plain greedy output, lossless sampling, ragged cache, errors."""
 
-import math
-
 import pytest
 import torch
-from transformers import DynamicCache, TopKLogitsWarper
+from transformers import DynamicCache, LogitsProcessorList, TopKLogitsWarper
 
 import hf_speculators as hs
 import hf_speculators.batch_decoding as batch_decoding
 from hf_speculators.cache import RaggedCache
 from hf_speculators.forward import forward_batch_logits
+from batch_helpers import MAX_NEW_TOKENS, PAD, batched_generate, laid_out, left_padded, two_token_joint
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids
-from test_lossless import AlwaysAcceptVerifier
+from test_lossless import AlwaysAcceptVerifier, chi_square, chi_square_critical
 from tiny_models import ARCHS, VOCAB_SIZE
 
-PAD = VOCAB_SIZE - 1
 BATCH_PROMPTS = ("random", "one_token", "repetitive")  # 8, 1 and 9 tokens: every row is padded but the last
-MAX_NEW_TOKENS = 24
 
 
-def left_padded(names, pad: int = PAD) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """`(input_ids, attention_mask)` of the prompts `names`, left-padded to the longest."""
-    prompts = [PROMPTS[name] for name in names]
-    width = max(map(len, prompts))
-    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return input_ids, attention_mask
+def prompt_tokens(names) -> list[tuple[int, ...]]:
+    return [PROMPTS[name] for name in names]
 
 
 def expected_batch(zoo, arch: str, names, **kwargs) -> torch.LongTensor:
-    """Each row's own unbatched plain greedy output, laid out as plain batched `generate` lays rows out: left
-    padding, prompt, new tokens, then the pad token after a row that stopped early."""
-    rows = [zoo.reference(arch, name, **kwargs)[0] for name in names]
-    pads = [max(len(PROMPTS[n]) for n in names) - len(PROMPTS[name]) for name in names]
-    width = max(pad + len(row) for pad, row in zip(pads, rows))
-    return torch.stack([torch.tensor([PAD] * pad + row.tolist() + [PAD] * (width - pad - len(row)))
-                        for pad, row in zip(pads, rows)])
+    """Each row's own unbatched plain greedy output, laid out as plain batched `generate` lays rows out."""
+    return laid_out(prompt_tokens(names), [zoo.reference(arch, name, **kwargs)[0].tolist() for name in names])
 
 
 def batched(model, drafter, names=BATCH_PROMPTS, **kwargs):
-    input_ids, attention_mask = left_padded(names)
-    kwargs = {"do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "pad_token_id": PAD, **kwargs}
-    return model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
-                          candidate_generator=drafter, return_dict_in_generate=True, **kwargs)
+    return batched_generate(model, drafter, prompt_tokens(names), **kwargs)
 
 
 class RowScriptedDrafter(hs.Drafter):
@@ -113,7 +97,7 @@ def test_stop_strings_stop_each_row(zoo, fresh_target, tokenizer):
     no_stop = zoo.reference("llama", "repetitive", max_new_tokens=MAX_NEW_TOKENS)[0]
     start = len(PROMPTS["repetitive"]) + 3
     stop_string = "".join(tokenizer.convert_ids_to_tokens(no_stop[start : start + 2].tolist()))
-    input_ids, attention_mask = left_padded(BATCH_PROMPTS)
+    input_ids, attention_mask = left_padded(prompt_tokens(BATCH_PROMPTS))
     settings = dict(attention_mask=attention_mask, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=PAD,
                     stop_strings=[stop_string], tokenizer=tokenizer)
     out = fresh_target.generate(input_ids, candidate_generator=hs.PromptLookupDrafter(3), **settings)
@@ -215,29 +199,12 @@ SAMPLING_PROMPTS = ("repetitive", "random")  # two prompts: rows mixed up would 
 
 def exact_two_token_distribution(model, name: str) -> torch.Tensor:
     """`(vocab, vocab)` P(x1, x2) of plain top-3 sampling after prompt `name`."""
-    warper = TopKLogitsWarper(TOP_K)
-    prompt = prompt_ids(name)
-    with torch.no_grad():
-        first = torch.softmax(warper(prompt, model(prompt).logits[:, -1]), dim=-1)[0]
-        joint = torch.zeros(VOCAB_SIZE, VOCAB_SIZE)
-        for token in first.nonzero().flatten().tolist():
-            extended = torch.cat([prompt, torch.tensor([[token]])], dim=1)
-            joint[token] = first[token] * torch.softmax(warper(extended, model(extended).logits[:, -1]), dim=-1)[0]
-    return joint
+    return two_token_joint(model, prompt_ids(name), LogitsProcessorList([TopKLogitsWarper(TOP_K)]))
 
 
 def chi_square_ratio(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's statistic over the cells of nonzero probability, divided by its upper 0.1% quantile
-    (Wilson-Hilferty); infinite when a count falls where the probability is 0."""
-    expected = probs.flatten().double() * counts.sum()
-    counts = counts.flatten().double()
-    if bool((counts[expected == 0] > 0).any()):
-        return math.inf
-    keep = expected > 0
-    statistic = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    dof = int(keep.sum()) - 1
-    c = 2 / (9 * dof)
-    return statistic / (dof * (1 - c + 3.09 * math.sqrt(c)) ** 3)
+    """Pearson's statistic over the cells of nonzero probability over its upper 0.1% quantile (pass below 1)."""
+    return chi_square(counts, probs) / chi_square_critical(int((probs > 0).sum()) - 1)
 
 
 class TargetGreedyDrafter(hs.Drafter):
@@ -261,7 +228,7 @@ def sampled_counts(model, names, verifier=None) -> tuple[dict, int]:
     """Counts of each prompt's first two sampled tokens over 40 batched calls, and the draft tokens accepted."""
     counts = {name: torch.zeros(VOCAB_SIZE, VOCAB_SIZE) for name in set(names)}
     generator = torch.Generator().manual_seed(0)
-    input_ids, attention_mask = left_padded(names)
+    input_ids, attention_mask = left_padded(prompt_tokens(names))
     accepted = 0
     for _ in range(40):
         out = model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
@@ -358,7 +325,7 @@ def test_processors_with_state_per_row_match_plain_batched_generate(zoo, process
     model = zoo.target("llama")
     settings = {"repetition_penalty": 1.5} if processor == "repetition_penalty" else {
         "prefix_allowed_tokens_fn": allow_by_row}
-    input_ids, attention_mask = left_padded(BATCH_PROMPTS)
+    input_ids, attention_mask = left_padded(prompt_tokens(BATCH_PROMPTS))
     expected = model.generate(input_ids, attention_mask=attention_mask, do_sample=False, pad_token_id=PAD,
                               max_new_tokens=MAX_NEW_TOKENS, **settings)
     drafter = (hs.PromptLookupDrafter(3) if kind == "prompt_lookup"

@@ -7,35 +7,22 @@ from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteri
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_speculators as hs
+from batch_helpers import PAD, batched_generate, laid_out, left_padded, two_token_joint
 from speculative_helpers import PROMPTS, generated_token, make_drafter
 from test_lossless import chi_square, chi_square_critical
 from tiny_models import ARCHS, build_model
 
 BATCH = ("random", "repetitive", "one_token")  # prompts of 8, 9 and 1 tokens
-PAD = 0
-
-
-def left_padded(names) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """The prompts `names` left padded with PAD: `input_ids` and `attention_mask`, `(len(names), longest)`."""
-    width = max(len(PROMPTS[name]) for name in names)
-    input_ids = torch.tensor([[PAD] * (width - len(PROMPTS[name])) + list(PROMPTS[name]) for name in names])
-    return input_ids, (torch.arange(width) >= width - torch.tensor([len(PROMPTS[n]) for n in names])[:, None]).long()
 
 
 def batch_generate(model, drafter, names=BATCH, **kwargs):
-    input_ids, attention_mask = left_padded(names)
-    kwargs.setdefault("max_new_tokens", 24)
-    return model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
-                          candidate_generator=drafter, do_sample=False, pad_token_id=PAD,
-                          return_dict_in_generate=True, **kwargs)
+    return batched_generate(model, drafter, [PROMPTS[name] for name in names], **kwargs)
 
 
 def assert_rows_match_references(zoo, arch, output, names=BATCH, **reference_kwargs):
     """Row i is its own plain greedy output, then PAD to the batch's width."""
-    width = max(len(PROMPTS[name]) for name in names)
-    for row, name in zip(output.sequences.tolist(), names):
-        new_tokens = zoo.reference(arch, name, **reference_kwargs)[0, len(PROMPTS[name]):].tolist()
-        assert row[width:] == new_tokens + [PAD] * (len(row) - width - len(new_tokens)), name
+    own = [zoo.reference(arch, name, **reference_kwargs)[0].tolist() for name in names]
+    assert torch.equal(output.sequences, laid_out([PROMPTS[name] for name in names], own))
 
 
 @pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
@@ -90,21 +77,6 @@ def test_quantized_self_draft(zoo):
     assert output.speculative_stats.acceptance_rate > 0.5  # a near copy of the target: most drafts accepted
 
 
-def target_joint(model, prompt: torch.LongTensor, warpers) -> torch.FloatTensor:
-    """P(first two tokens) `(vocab, vocab)` of plain sampling after `prompt` `(1, length)` with `warpers`."""
-
-    def distribution(input_ids):
-        logits = model(input_ids).logits[:, -1].float()
-        return torch.softmax(warpers(input_ids, logits), dim=-1)[0]
-
-    with torch.no_grad():
-        first = distribution(prompt)
-        joint = torch.zeros(len(first), len(first))
-        for token in first.nonzero().flatten().tolist():
-            joint[token] = first[token] * distribution(torch.cat([prompt, torch.tensor([[token]])], dim=-1))
-    return joint
-
-
 def test_batched_rejection_sampling_keeps_each_rows_distribution(zoo):
     """First two tokens of each row of a batch of prompts of different lengths (each prompt in three rows), sampled
     with top-k and temperature through the batched draft model: distributed as plain sampling of that prompt alone.
@@ -112,8 +84,8 @@ def test_batched_rejection_sampling_keeps_each_rows_distribution(zoo):
     Calls `hs.generate` directly with the processors transformers would build, to keep 300 runs fast."""
     model, prompts = zoo.target("llama"), ("random", "one_token")
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(3)])
-    joints = [target_joint(model, torch.tensor([PROMPTS[name]]), warpers) for name in prompts]
-    input_ids, attention_mask = left_padded(prompts * 3)
+    joints = [two_token_joint(model, torch.tensor([PROMPTS[name]]), warpers) for name in prompts]
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in prompts * 3])
     width = input_ids.shape[1]
     config = GenerationConfig(do_sample=True, max_length=width + 2, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False,

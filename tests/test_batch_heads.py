@@ -4,6 +4,7 @@ refusal of token trees."""
 
 import pytest
 import torch
+from batch_helpers import PAD, left_padded, two_token_joint
 from eagle_heads import fit_lm_head, random_eagle, random_eagle3
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
 from test_lossless import chi_square, chi_square_critical
@@ -16,16 +17,7 @@ import hf_speculators as hs
 
 ARCHS = ("llama", "qwen2")
 BATCH_PROMPTS = ("random", "repetitive", "one_token")  # 8, 9 and 1 tokens
-PAD = 0
 EOS_STEP = 6  # the first row's greedy token at this step is its EOS: it finishes before the others
-
-
-def left_padded(names):
-    """`(input_ids, attention_mask)` of the prompts `names`, left-padded with `PAD`."""
-    width = max(len(PROMPTS[name]) for name in names)
-    input_ids = torch.tensor([[PAD] * (width - len(PROMPTS[name])) + list(PROMPTS[name]) for name in names])
-    lengths = torch.tensor([len(PROMPTS[name]) for name in names])
-    return input_ids, (torch.arange(width) >= width - lengths[:, None]).long()
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +73,7 @@ def test_rows_match_their_own_greedy_output_and_drafts(heads, arch, kind, num_dr
     target, make = heads[arch, kind]
     eos = int(plain_generate(target, prompt_ids(BATCH_PROMPTS[0]))[0, len(PROMPTS[BATCH_PROMPTS[0]]) + EOS_STEP])
     settings = dict(eos_token_id=eos, pad_token_id=PAD)
-    input_ids, attention_mask = left_padded(BATCH_PROMPTS)
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in BATCH_PROMPTS])
     drafter, drafts = recording(make(num_draft_tokens))
     out = speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, **settings)
     lengths = []
@@ -107,16 +99,8 @@ def test_sampled_eagle_chain_is_lossless_per_row(targets):
                               num_draft_tokens=2)
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(3)])
 
-    def distribution(input_ids):
-        return torch.softmax(warpers(input_ids, model(input_ids).logits[:, -1].float()), dim=-1)[0]
-
-    joint = {}
-    with torch.no_grad():
-        for name in set(names):
-            prompt, first = prompt_ids(name), distribution(prompt_ids(name))
-            joint[name] = torch.stack([first[token] * distribution(torch.cat([prompt, torch.tensor([[token]])], -1))
-                                       for token in range(len(first))])
-    input_ids, attention_mask = left_padded(names)
+    joint = {name: two_token_joint(model, prompt_ids(name), warpers) for name in set(names)}
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in names])
     max_length = input_ids.shape[1] + 2
     config = GenerationConfig(do_sample=True, max_length=max_length, top_k=3, temperature=0.8, num_beams=1,
                               num_return_sequences=1, output_scores=False, output_logits=False, pad_token_id=PAD,
@@ -141,6 +125,6 @@ def test_token_trees_are_refused_for_a_batch(heads, kind):
     tree = [(0,), (1,), (0, 0)]
     drafter = (hs.EagleDrafter(drafter.head, tree=tree) if kind == "eagle3"
                else hs.MedusaDrafter(drafter.heads, tree=tree))
-    input_ids, attention_mask = left_padded(BATCH_PROMPTS)
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in BATCH_PROMPTS])
     with pytest.raises(ValueError, match=r"\(tree=\.\.\.\) drafts token trees, which batch size > 1 does not"):
         speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, pad_token_id=PAD)

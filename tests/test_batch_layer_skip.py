@@ -9,12 +9,12 @@ import hf_speculators as hs
 import hf_speculators.batch_decoding as batch_decoding
 from hf_speculators.cache import RaggedCache
 from hf_speculators.layers import DecoderLayers
+from batch_helpers import PAD, batched_generate, laid_out
 from speculative_helpers import PROMPTS
 from tiny_models import VOCAB_SIZE, build_model
 
 ARCHS = ("llama", "qwen2", "gpt_neox", "gpt2")
 NUM_LAYERS = 4
-PAD = VOCAB_SIZE - 1
 MAX_NEW_TOKENS = 20
 # 8, 1, 9 and 2 tokens: every row is left-padded but the third
 BATCH_PROMPTS = (PROMPTS["random"], PROMPTS["one_token"], PROMPTS["repetitive"], (5, 9))
@@ -26,28 +26,14 @@ def deep_targets() -> dict:
     return {arch: build_model(arch, hidden_size=48, num_layers=NUM_LAYERS, seed=1) for arch in ARCHS}
 
 
-def left_padded(prompts) -> tuple[torch.LongTensor, torch.LongTensor]:
-    width = max(map(len, prompts))
-    input_ids = torch.tensor([[PAD] * (width - len(p)) + list(p) for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return input_ids, attention_mask
-
-
 def own_outputs(model, prompts, **kwargs) -> torch.LongTensor:
     """Each row's own unbatched plain greedy output, laid out as plain batched `generate` lays rows out."""
-    width = max(map(len, prompts))
-    rows = [model.generate(torch.tensor([p]), do_sample=False, pad_token_id=PAD, **kwargs)[0].tolist()
-            for p in prompts]
-    length = max(width - len(p) + len(row) for p, row in zip(prompts, rows))
-    return torch.tensor([[PAD] * (width - len(p)) + row + [PAD] * (length - width + len(p) - len(row))
-                         for p, row in zip(prompts, rows)])
+    return laid_out(prompts, [model.generate(torch.tensor([p]), do_sample=False, pad_token_id=PAD, **kwargs)[0].tolist()
+                              for p in prompts])
 
 
 def batched(model, drafter, prompts=BATCH_PROMPTS, **kwargs):
-    input_ids, attention_mask = left_padded(prompts)
-    kwargs = {"do_sample": False, "max_new_tokens": MAX_NEW_TOKENS, "pad_token_id": PAD, **kwargs}
-    return model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
-                          candidate_generator=drafter, return_dict_in_generate=True, **kwargs)
+    return batched_generate(model, drafter, prompts, **{"max_new_tokens": MAX_NEW_TOKENS, **kwargs})
 
 
 @pytest.mark.parametrize("exit_layer", [1, 3])
