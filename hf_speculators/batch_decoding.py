@@ -69,9 +69,9 @@ class BatchedSpeculativeDecoding:
         """Caches every prompt token but the last of each row; the last one is pending for the first step."""
         start = clock(self.device)
         self.sequences = list(input_ids.split(1))  # [1, length] per row, left padding included
-        self.num_pads, self.active = num_pads, list(range(input_ids.shape[0]))
+        self.num_pads = num_pads
         self.row_stats = [SpeculativeStats(lossless=self.stats.lossless, verifier=self.stats.verifier,
-                                           drafter=self.stats.drafter) for _ in self.active]
+                                           drafter=self.stats.drafter) for _ in num_pads]
         new_valid = torch.arange(input_ids.shape[1] - 1) >= torch.tensor(num_pads)[:, None]
         self.cache = RaggedCache(self._dynamic_cache, torch.zeros(input_ids.shape[0], 0, dtype=torch.bool),
                                  self.max_holes)
@@ -80,6 +80,11 @@ class BatchedSpeculativeDecoding:
             self.stats.num_target_forwards += 1
         self.cache.append(new_valid)
         self.stats.verify_time += clock(self.device) - start
+
+    @property
+    def active(self) -> list[int]:
+        """The running rows (indices into the call's batch): those the cache still holds."""
+        return self.cache.rows
 
     def _draft(self) -> tuple[list[Draft], list[int]]:
         """Each running row's draft, as long as the schedule says and the row's length budget leaves room for."""
@@ -123,9 +128,7 @@ class BatchedSpeculativeDecoding:
         # 4. each row keeps its pending token and accepted draft tokens in the cache; finished rows leave the batch
         self.cache.append(torch.arange(query.shape[1]) < torch.tensor(num_kept)[:, None])
         if any(finished):
-            running = [i for i, done in enumerate(finished) if not done]
-            self.cache.select(torch.tensor(running, dtype=torch.long))
-            self.active = [self.active[i] for i in running]
+            self.cache.keep_rows([row for row, done in zip(self.active, finished) if not done])
         # 5. timings; the schedule learns from every row of the step
         end = clock(self.device)
         self.stats.num_target_forwards += 1

@@ -144,7 +144,7 @@ class RaggedCache:
         valid (`torch.BoolTensor` of shape `(batch_size, num_slots)`): which slots of each row hold a token.
         max_holes (`int`, defaults to `DEFAULT_MAX_HOLES`, 32): hole slots the widest row may carry before all rows are compacted.
         rows (`list[int]`, *optional*): each row's index in the generate call's batch (default `0 .. batch_size - 1`);
-            `select` keeps it in step, as `self.rows`.
+            `select` and `keep_rows` keep it in step, as `self.rows`.
     """
 
     def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES,
@@ -196,6 +196,14 @@ class RaggedCache:
         self.valid, self.lengths = self.valid[rows], self.lengths[rows]
         self.rows = [self.rows[i] for i in rows.tolist()]
         self._trim()
+
+    def keep_rows(self, rows: list[int]) -> list[int]:
+        """Keeps the rows whose batch index (`self.rows`) is in `rows`, in that order (rows that finished leave);
+        returns the current indices of the rows kept."""
+        kept = [self.rows.index(row) for row in rows]
+        if kept != list(range(self.batch_size)):
+            self.select(torch.tensor(kept, dtype=torch.long))
+        return kept
 
     def _trim(self) -> None:
         """Crops the slots that are holes in every row at the right end; compacts past `max_holes` holes."""

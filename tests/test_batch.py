@@ -186,9 +186,11 @@ def test_truncate_and_select_rows(zoo):
     ragged.select(torch.tensor([1, 2]))
     assert ragged.lengths.tolist() == [2, 3] and ragged.valid.shape[1] == 3  # the all-hole slot was cropped
     assert ragged.cache.get_seq_length() == 3 and ragged.cache.layers[0].keys.shape[0] == 2
+    assert ragged.rows == [1, 2] and ragged.keep_rows([1, 2]) == [0, 1]  # rows keep their batch index
     logits = forward_batch_logits(model, ragged, torch.tensor([[50], [51]]), torch.ones(2, 1, dtype=torch.bool))
     alone = [model(torch.tensor([seq])).logits[0, -1] for seq in ([4, 5, 50], [8, 9, 10, 51])]
     torch.testing.assert_close(logits[:, -1], torch.stack(alone), rtol=1e-5, atol=1e-5)
+    assert ragged.keep_rows([2]) == [1] and ragged.rows == [2] and ragged.lengths.tolist() == [3]
 
 
 # ---------------------------------------------------------------- lossless sampling

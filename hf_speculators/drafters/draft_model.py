@@ -143,7 +143,6 @@ class DraftModelDrafter(Drafter):
         self._cache = prepare_cache(None, self.draft_model.config)
         self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
         self._batch_cache: RaggedCache | None = None  # for propose_batch: one row per running sequence
-        self._batch_rows: list[int] = []  # the generate call's batch row of each row of self._batch_cache
         self._batch_cached_ids: list[torch.LongTensor] = []  # per row, the tokens whose KV it holds
 
     def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
@@ -221,12 +220,10 @@ class DraftModelDrafter(Drafter):
         forward. Returns the logits `(len(rows), target_vocab)` after each row's last committed token."""
         if self._batch_cache is None:
             empty = torch.zeros(len(rows), 0, dtype=torch.bool)
-            self._batch_cache = RaggedCache(prepare_cache(None, self.draft_model.config), empty)
-            self._batch_rows, self._batch_cached_ids = list(rows), [committed[0].new_empty(0) for _ in rows]
-        if rows != self._batch_rows:  # finished rows leave
-            kept = [self._batch_rows.index(row) for row in rows]
-            self._batch_cache.select(torch.tensor(kept, dtype=torch.long))
-            self._batch_rows, self._batch_cached_ids = list(rows), [self._batch_cached_ids[i] for i in kept]
+            self._batch_cache = RaggedCache(prepare_cache(None, self.draft_model.config), empty, rows=rows)
+            self._batch_cached_ids = [committed[0].new_empty(0) for _ in rows]
+        kept = self._batch_cache.keep_rows(rows)  # finished rows leave
+        self._batch_cached_ids = [self._batch_cached_ids[i] for i in kept]
         reused = [reusable_length(cached, ids) for cached, ids in zip(self._batch_cached_ids, committed)]
         self._batch_cache.truncate(torch.tensor(reused))
         new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)], self.draft_model.device)

@@ -198,10 +198,7 @@ class EagleDrafter(FeatureDrafter):
         """The head's cache of a batch, for the rows `rows` (rows that finished are dropped)."""
         if self._batch_cache is None:
             self._batch_cache = RaggedCache(DynamicCache(), torch.zeros(len(rows), 0, dtype=torch.bool), rows=rows)
-        elif self._batch_cache.rows != rows:
-            running = set(rows)
-            kept = [i for i, row in enumerate(self._batch_cache.rows) if row in running]
-            self._batch_cache.select(torch.tensor(kept))
+        self._batch_cache.keep_rows(rows)
         return self._batch_cache
 
     def _forward_batch(self, token_ids, hidden_states, new_valid: torch.BoolTensor):
