@@ -151,26 +151,59 @@ class RaggedCache:
                  rows: list[int] | None = None):
         self.cache, self.valid, self.max_holes = cache, valid, max_holes
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
+        self._holes = bool((~valid).any())
         self.rows = list(range(valid.shape[0])) if rows is None else list(rows)
 
     @property
     def batch_size(self) -> int:
         return self.valid.shape[0]
 
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
     def inputs(self, new_valid: torch.BoolTensor) -> tuple[torch.LongTensor, torch.LongTensor]:
         """The `attention_mask` `(batch_size, num_slots + num_query)` and `position_ids` `(batch_size, num_query)` of
-        a forward whose query slot j of row i holds a token when `new_valid[i, j]` (a hole otherwise)."""
+        a chain forward whose query slot j of row i holds a token when `new_valid[i, j]` (a hole otherwise)."""
         mask = torch.cat([self.valid, new_valid], dim=1).long()
         position_ids = (self.lengths[:, None] + new_valid.long().cumsum(dim=1) - 1).clamp_min(0)
         return mask, position_ids
 
-    def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype) -> torch.FloatTensor:
-        """The 4D float additive mask `(batch_size, 1, num_query, num_slots + num_query)` of the forward `inputs`
-        describes, for modules that take no 2D mask (a draft head's attention): query slot j sees its row's cached
-        tokens, the new tokens up to j, and itself (so a hole's query sees at least one slot)."""
+    def query_inputs(self, query, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.LongTensor]:
+        """The `attention_mask` and `position_ids` `(batch_size, num_query)` of a forward over `query`
+        (`hf_speculators.query.Query`) after this cache.
+
+        The mask is `None` for one row without holes and a chain query (the model's own causal mask), the 2D
+        padding mask `(batch_size, num_slots + num_query)` for other chain queries, and the 4D float additive mask
+        `(batch_size, 1, num_query, num_slots + num_query)` (`additive_mask`) for a query with its own visibility
+        (token trees, unverified tokens).
+        """
+        position_ids = self.lengths[:, None] + query.offsets
+        if query.visible is not None:
+            return self.additive_mask(query.valid, dtype, query.visible), position_ids
+        if self.batch_size == 1 and not self._holes:
+            return None, position_ids
+        return torch.cat([self.valid, query.valid], dim=1).long(), position_ids
+
+    def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype,
+                      visible: torch.BoolTensor | None = None) -> torch.FloatTensor:
+        """The 4D float additive mask `(batch_size, 1, num_query, num_slots + num_query)` of a forward whose query
+        slot j of row i holds a token when `new_valid[i, j]`, for modules that take no 2D mask (a draft head's
+        attention, decoder layers run one by one) and for queries with their own visibility.
+
+        Query slot j sees its row's cached tokens, the new tokens that `visible[i, j]` marks (default: the new
+        tokens up to j, a chain), and itself (so a hole's query sees at least one slot).
+
+        Args:
+            new_valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): which query slots hold a token.
+            dtype (`torch.dtype`): the model's dtype.
+            visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_query)`, *optional*): which query
+                slots each query slot attends to (a token tree's ancestors).
+        """
         num_query, num_slots = new_valid.shape[1], self.valid.shape[1]
-        causal = torch.ones(num_query, num_query, dtype=torch.bool).tril()
-        seen = torch.cat([self.valid[:, None, :].expand(-1, num_query, -1), new_valid[:, None, :] & causal], dim=2)
+        if visible is None:
+            visible = torch.ones(num_query, num_query, dtype=torch.bool).tril() & new_valid[:, None, :]
+        seen = torch.cat([self.valid[:, None, :].expand(-1, num_query, -1), visible], dim=2)
         seen[:, torch.arange(num_query), num_slots + torch.arange(num_query)] = True
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
         return mask[:, None]
@@ -178,10 +211,28 @@ class RaggedCache:
     def append(self, new_valid: torch.BoolTensor) -> None:
         """After a forward of `num_query` slots per row: which of them each row keeps, `(batch_size, num_query)`.
 
-        The others (rejected draft tokens, padding) become holes."""
-        self.valid = torch.cat([self.valid, new_valid.to(self.valid.device)], dim=1)
+        The others (rejected draft tokens, padding, unverified tokens) become holes. Kept slots that are not the
+        first of their row's query (the accepted path of a token tree) are gathered to its front first, so a row
+        keeps no hole before its newest token: one row never keeps a hole."""
+        new_valid = new_valid.to(self.valid.device)
+        kept_first = torch.sort(new_valid.to(torch.uint8), dim=1, descending=True, stable=True)
+        if not torch.equal(kept_first.values.bool(), new_valid):
+            self._gather_tail(kept_first.indices)
+            new_valid = kept_first.values.bool()
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.lengths = self.valid.sum(dim=1)
         self._trim()
+
+    def _gather_tail(self, order: torch.LongTensor) -> None:
+        """Reorders the last `order.shape[1]` slots of every row: new slot j of row i is old slot `order[i, j]`."""
+        num_tail = order.shape[1]
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                index = order.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
+                                                                              layer.keys.shape[-1])
+                tail = slice(layer.keys.shape[-2] - num_tail, None)
+                layer.keys[..., tail, :] = layer.keys[..., tail, :].gather(2, index)
+                layer.values[..., tail, :] = layer.values[..., tail, :].gather(2, index)
 
     def truncate(self, lengths: torch.LongTensor) -> None:
         """Keeps the first `lengths[i]` tokens of row i (no-op for a row holding that many or fewer)."""
@@ -211,6 +262,7 @@ class RaggedCache:
         num_slots = int(occupied[-1]) + 1 if len(occupied) else 0
         rollback(self.cache, self.valid.shape[1] - num_slots)
         self.valid = self.valid[:, :num_slots]
+        self._holes = num_slots * self.batch_size > int(self.lengths.sum())
         if self.batch_size and num_slots - int(self.lengths.max()) > self.max_holes:
             self.compact()
 
@@ -225,3 +277,4 @@ class RaggedCache:
                                                                               layer.keys.shape[-1])
                 layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
         self.valid = torch.arange(width, device=self.valid.device) >= width - self.lengths[:, None]
+        self._holes = bool((~self.valid).any())

@@ -7,68 +7,14 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
-from .batch_decoding import BatchedSpeculativeDecoding, left_padding
-from .cache import check_batch_support, check_tree_support, keep_accepted, prepare_cache, truncate
+from .cache import check_batch_support, check_tree_support, prepare_cache
+from .checks import check_attention, check_batch, check_inputs, check_synced_gpus, left_padding
 from .config import SpeculativeConfig
 from .drafters import Drafter
-from .metrics import SpeculativeStats, clock
-from .outputs import SpeculativeGenerateOutput, commit_tokens
-from .sampling import RowOfBatch, process_logits
-from .schedules import DraftLengthSchedule, check_schedule, make_schedule
-from .tree import TokenTree
-from .types import Draft
+from .loop import SpeculativeLoop
+from .outputs import SpeculativeGenerateOutput
+from .schedules import check_schedule, make_schedule
 from .verifiers import Verifier, resolve_verifier
-
-# model_kwargs that transformers prepares for a decoding method; the loop sets its own forward arguments
-HANDLED_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "past_key_values", "logits_to_keep"}
-
-
-def _check_inputs(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, drafter, model_kwargs) -> None:
-    """Raises `ValueError` for every input the loop does not serve, before any forward runs."""
-    if not isinstance(drafter, Drafter):
-        raise ValueError(
-            "Speculative generate needs candidate_generator= set to a drafter, e.g. "
-            "hf_speculators.PromptLookupDrafter() or hf_speculators.DraftModelDrafter(draft_model), or "
-            f"speculative_config= set to a hf_speculators.SpeculativeConfig; got {type(drafter).__name__}."
-        )
-    if model.config.is_encoder_decoder:
-        raise ValueError("Speculative generate supports decoder-only models; this model is an encoder-decoder.")
-    if generation_config.num_beams > 1:
-        raise ValueError(f"Beam search (num_beams={generation_config.num_beams}) is not supported: set num_beams=1.")
-    if generation_config.num_return_sequences > 1:
-        raise ValueError(
-            f"num_return_sequences={generation_config.num_return_sequences} is not supported: set it to 1 and "
-            "repeat the prompt in the batch instead (one row per sample)."
-        )
-    if input_ids.shape[1] == 0:
-        raise ValueError("The prompt is empty: pass at least one token (e.g. the BOS token).")
-    attention_mask = model_kwargs.get("attention_mask")
-    if input_ids.shape[0] == 1 and attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("The attention mask has padding; a single sequence needs none. Pass the prompt unpadded.")
-    unknown = sorted(k for k, v in model_kwargs.items() if k not in HANDLED_MODEL_KWARGS and v is not None)
-    if unknown:
-        raise ValueError(f"Speculative generate does not support these model inputs: {unknown}.")
-
-
-def _check_batch(drafter: Drafter, generation_config: GenerationConfig, streamer) -> int:
-    """Raises `ValueError` for what a batch (batch size > 1) does not serve; returns the pad token id."""
-    drafter.check_batch_support()
-    if streamer is not None:
-        raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer= for a batch.")
-    if generation_config.output_scores or generation_config.output_logits:
-        raise ValueError(
-            "output_scores and output_logits are not supported with batch size > 1 (rows take different numbers "
-            "of steps): use batch size 1 for them."
-        )
-    eos = generation_config.eos_token_id
-    pad = generation_config.pad_token_id
-    pad = pad if pad is not None else (eos if isinstance(eos, int) or eos is None else eos[0])
-    if pad is None:
-        raise ValueError(
-            "A batch needs pad_token_id (or eos_token_id) to pad the shorter rows: pass pad_token_id= to generate."
-        )
-    return int(pad)
-
 
 @dataclass(frozen=True)
 class _Built:
@@ -120,94 +66,6 @@ def _from_config(model, drafter, verifier, schedule, speculative_config, target_
     return built.drafter, verifier if verifier is not None else built.verifier, schedule
 
 
-class _SpeculativeDecoding:
-    """The state of one speculative generate call: models, cache, processors, stats and optional outputs."""
-
-    def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule, cache,
-                 generation_config, logits_processor, stopping_criteria, generator, streamer):
-        self.model, self.drafter, self.verifier, self.schedule, self.cache = model, drafter, verifier, schedule, cache
-        self.generation_config, self.generator, self.streamer = generation_config, generator, streamer
-        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
-        self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
-        self.scores = [] if generation_config.output_scores else None
-        self.raw_logits = [] if generation_config.output_logits else None
-        self.device = model.device  # model.device walks the parameters: read it once
-
-    def _clock(self) -> float:
-        return clock(self.device)
-
-    def prefill(self, input_ids: torch.LongTensor) -> None:
-        """Puts all prompt tokens but the last into the cache; the last one is pending for the first step.
-
-        The drafter's `target_forward` runs it, so drafters that read the target's hidden states see the prompt's."""
-        start = self._clock()
-        truncate(self.cache, input_ids.shape[1] - 1)
-        num_cached = self.cache.get_seq_length()
-        if input_ids.shape[1] - 1 > num_cached:
-            no_draft = TokenTree.chain(0, input_ids.device)
-            self.drafter.target_forward(self.model, self.cache, input_ids[:, num_cached:-1], no_draft,
-                                        input_ids.shape[1] - 1, 1)
-            self.stats.num_target_forwards += 1
-        self.stats.verify_time += self._clock() - start
-
-    def step(self, input_ids: torch.LongTensor) -> tuple[torch.LongTensor, bool]:
-        """One step: draft, one target forward, verify, compact the cache, commit. Returns (ids, finished)."""
-        # 1. draft as deep as the schedule says and the length budget leaves room for (the next token takes one place)
-        start = self._clock()
-        num_cached = self.cache.get_seq_length()  # before drafting: a drafter may write into the cache (layer skip)
-        budget = min(self.schedule.draft_length, self.generation_config.max_length - input_ids.shape[1] - 1)
-        draft = self.drafter.propose(input_ids, budget) if budget > 0 else Draft.empty(input_ids.device)
-        tree = draft.tree  # a chain is the tree whose every node has one child
-        if not tree.is_chain:
-            check_tree_support(self.cache)
-        verify_start = self._clock()
-        self.stats.draft_time += verify_start - start
-        # 2. one target forward over the pending tokens and every draft node (a tree with its own 4D mask)
-        step_ids = torch.cat([input_ids[:, num_cached:], draft.token_ids[None].to(input_ids.device)], dim=-1)
-        logits = self.drafter.target_forward(self.model, self.cache, step_ids, tree, input_ids.shape[1],
-                                             draft.num_nodes + 1)
-        # 3. logits processors per row, each with the committed tokens and its node's path as the prefix
-        prefixes = tree.prefixes(input_ids, draft.token_ids, range(-1, draft.num_nodes))
-        scores = process_logits(self.logits_processor, prefixes, logits)  # [num_nodes + 1, vocab]
-        # 4. verification keeps a root-to-leaf path of the draft and picks the next (bonus or recovered) token
-        verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
-        # 5. keep the target's KV of the accepted path only
-        keep_accepted(self.cache, verdict.accepted_nodes, draft.num_nodes)
-        # 6. commit token by token so that EOS, max length and stop strings cut exactly where plain generate would
-        new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
-        rows = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the row of scores of each new token
-        input_ids, committed, finished = self._commit(input_ids, new_tokens, rows, scores, logits)
-        end = self._clock()
-        self.stats.verify_time += end - verify_start
-        self.stats.record(draft.num_nodes, min(verdict.num_accepted, committed), committed, depth=tree.depth,
-                          draft_length=budget)
-        # 7. the schedule learns from what this step cost and accepted (timings from the clock reads above)
-        self.schedule.update(budget, draft.num_nodes, tree.depth, verdict.num_accepted, verify_start - start,
-                             end - verify_start)
-        return input_ids, finished
-
-    def _commit(self, input_ids, new_tokens, rows, scores, logits) -> tuple[torch.LongTensor, int, bool]:
-        """Appends `new_tokens` (token i scored by row `rows[i]`) until a stopping criterion is met."""
-        input_ids, committed, finished = commit_tokens(input_ids, new_tokens, scores[rows], self.stopping_criteria)
-        if self.scores is not None:
-            self.scores.extend(scores[row : row + 1] for row in rows[:committed])
-        if self.raw_logits is not None:
-            self.raw_logits.extend(logits[row : row + 1].float() for row in rows[:committed])
-        if self.streamer is not None:
-            self.streamer.put(new_tokens[:committed].cpu())
-        return input_ids, committed, finished
-
-    def output(self, input_ids: torch.LongTensor) -> SpeculativeGenerateOutput:
-        truncate(self.cache, input_ids.shape[1] - 1)  # as after plain generate: every token but the last
-        return SpeculativeGenerateOutput(
-            sequences=input_ids,
-            scores=None if self.scores is None else tuple(self.scores),
-            logits=None if self.raw_logits is None else tuple(self.raw_logits),
-            past_key_values=self.cache,
-            speculative_stats=self.stats,
-        )
-
-
 def _default_generator(device: torch.device) -> torch.Generator:
     """A generator seeded from torch's global RNG, so that `torch.manual_seed(s)` makes a call reproducible."""
     return torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,))))
@@ -243,10 +101,10 @@ def generate(
     Args:
         model (`PreTrainedModel`): the target, a decoder-only causal LM (transformers passes it).
         input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the prompt, or left-padded prompts
-            (with their `attention_mask`): a batch runs as `BatchedSpeculativeDecoding`, each row verified on its
+            (with their `attention_mask`): one `SpeculativeLoop` serves both, each row verified on its
             own, every row exactly its own plain output (greedy) or lossless (sampling).
         logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
-        synced_gpus (`bool`): accepted for the signature; multi-GPU synchronisation is not supported.
+        synced_gpus (`bool`): must be `False`: multi-GPU synchronisation is not supported (a clear error).
         candidate_generator (`Drafter`): the drafter, e.g. `PromptLookupDrafter()` or `DraftModelDrafter(draft)`.
             Required unless `speculative_config` is given.
         verifier (`str` or `Verifier`, *optional*): `"exact"`, `"rejection"` or a `Verifier`; by default exact
@@ -292,53 +150,34 @@ def generate(
     candidate_generator, verifier, schedule = _from_config(
         model, candidate_generator, verifier, num_draft_tokens_schedule, speculative_config, target_tokenizer
     )
-    _check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
+    check_synced_gpus(synced_gpus)
+    check_inputs(model, input_ids, generation_config, candidate_generator, model_kwargs)
     verifier = resolve_verifier(verifier, generation_config.do_sample)
-    batched = input_ids.shape[0] > 1
-    pad_token_id = _check_batch(candidate_generator, generation_config, speculative_streamer) if batched else None
-    num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batched else None
+    batch_size = input_ids.shape[0]
+    check_attention(model, candidate_generator, batch_size)
+    pad_token_id = check_batch(generation_config, speculative_streamer) if batch_size > 1 else 0
+    num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batch_size > 1 else [0]
     cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
-    if batched:
+    if batch_size > 1:
         check_batch_support(cache)
-    generator = generator if generator is not None else _default_generator(input_ids.device)
-    # a batch's drafter processes each row on its own, as row 0 of the batch (draft scores only steer acceptance)
-    draft_processors = RowOfBatch(logits_processor, input_ids.shape[0], 0) if batched else logits_processor
-    candidate_generator.prepare(model, generation_config, draft_processors, generator, target_tokenizer, cache)
+    if candidate_generator.drafts_trees:
+        check_tree_support(cache)
+    generator = generator if generator is not None else _default_generator(_logits_device(model, input_ids))
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
-    if batched:
-        output = _generate_batch(model, candidate_generator, verifier, schedule, cache, generation_config,
-                                 logits_processor, stopping_criteria, generator, pad_token_id, input_ids, num_pads)
-    else:
-        output = _generate_one(model, candidate_generator, verifier, schedule, cache, generation_config,
-                               logits_processor, stopping_criteria, generator, speculative_streamer, input_ids)
+    loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
+                           stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id)
+    loop.prefill(input_ids, num_pads, cache)
+    while not loop.step():
+        pass
+    output = loop.output()
     return output if generation_config.return_dict_in_generate else output.sequences
 
 
-def _generate_one(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
-                  stopping_criteria, generator, streamer, input_ids) -> SpeculativeGenerateOutput:
-    """The loop for one sequence."""
-    run = _SpeculativeDecoding(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
-                               stopping_criteria, generator, streamer)
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    run.prefill(input_ids)
-    finished = False
-    while not finished:
-        input_ids, finished = run.step(input_ids)
-    if streamer is not None:
-        streamer.end()
-    return run.output(input_ids)
-
-
-def _generate_batch(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
-                    stopping_criteria, generator, pad_token_id, input_ids, num_pads) -> SpeculativeGenerateOutput:
-    """The loop for a batch of left-padded prompts (`BatchedSpeculativeDecoding`)."""
-    run = BatchedSpeculativeDecoding(model, drafter, verifier, schedule, cache, generation_config, logits_processor,
-                                     stopping_criteria, generator, pad_token_id)
-    run.prefill(input_ids, num_pads)
-    while not run.step():
-        pass
-    return run.output()
+def _logits_device(model, input_ids: torch.LongTensor) -> torch.device:
+    """Where the target's logits (and so every sampling draw) live: its LM head's device, which differs from the
+    input's under `device_map` sharding."""
+    head = model.get_output_embeddings()
+    return head.weight.device if head is not None else input_ids.device
 
 
 def _take_stop_strings(model, kwargs: dict):

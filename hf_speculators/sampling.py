@@ -40,6 +40,12 @@ class RowOfBatch:
         return scores
 
 
+def row_processors(processors: LogitsProcessorList, batch_size: int, row: int):
+    """The call's processors for row `row` of a batch of `batch_size` (`RowOfBatch`), or `processors` themselves for
+    a batch of one."""
+    return processors if batch_size == 1 else RowOfBatch(processors, batch_size, row)
+
+
 def process_logits(
     logits_processor: LogitsProcessorList | None, prefixes: Iterable[torch.LongTensor], logits: torch.FloatTensor
 ) -> torch.FloatTensor:

@@ -24,6 +24,14 @@ class Draft:
             independently; the row without the earlier siblings' tokens, renormalized, for siblings drawn without
             replacement). `None` for a deterministic drafter (prompt lookup, greedy drafting, top-k tree
             expansion): lossless verification then treats every node as one-hot, which is lossless for any tree.
+        extra_token_ids (`torch.LongTensor` of shape `(num_extra,)`, *optional*): tokens the target scores in the
+            same forward but that are not verified (lookahead decoding's window); the loop returns their logits to
+            the drafter (`StepFeedback.extra_logits`) and keeps none of them in the cache.
+        extra_offsets (`torch.LongTensor` of shape `(num_extra,)`, *optional*): each extra token's position after
+            the committed tokens' cache (the pending token is at 0, a node at depth d at 1 + d).
+        extra_visible (`torch.BoolTensor` of shape `(num_extra, 1 + num_nodes + num_extra)`, *optional*): which
+            query slots (the pending token, the nodes, the extra tokens) each extra token attends to, besides the
+            cached tokens.
 
     Raises:
         `ValueError`: if `token_ids` and `parent_ids` differ in length or `draft_probs` has another number of rows.
@@ -32,6 +40,9 @@ class Draft:
     token_ids: torch.LongTensor
     parent_ids: torch.LongTensor
     draft_probs: torch.FloatTensor | None = None
+    extra_token_ids: torch.LongTensor | None = None
+    extra_offsets: torch.LongTensor | None = None
+    extra_visible: torch.BoolTensor | None = None
 
     def __post_init__(self):
         if self.token_ids.shape != self.parent_ids.shape or self.token_ids.ndim != 1:
@@ -44,6 +55,14 @@ class Draft:
                 f"draft_probs needs one row per node ({len(self.token_ids)} rows), got shape "
                 f"{tuple(self.draft_probs.shape)}."
             )
+        if self.extra_token_ids is not None:
+            num_extra, width = len(self.extra_token_ids), 1 + len(self.token_ids) + len(self.extra_token_ids)
+            if (self.extra_offsets is None or self.extra_offsets.shape != (num_extra,) or self.extra_visible is None
+                    or self.extra_visible.shape != (num_extra, width)):
+                raise ValueError(
+                    f"Extra (unverified) tokens need extra_offsets of shape ({num_extra},) and extra_visible of shape "
+                    f"({num_extra}, {width}) (pending token, nodes, extra tokens)."
+                )
 
     @classmethod
     def chain(cls, token_ids: torch.LongTensor, draft_probs: torch.FloatTensor | None = None) -> "Draft":
@@ -65,6 +84,11 @@ class Draft:
     @property
     def num_nodes(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_extra(self) -> int:
+        """Unverified tokens scored after the nodes (0 for most drafters)."""
+        return 0 if self.extra_token_ids is None else len(self.extra_token_ids)
 
     @cached_property
     def tree(self) -> TokenTree:

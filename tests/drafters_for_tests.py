@@ -29,7 +29,7 @@ class ReferenceDrafter(hs.Drafter):
         assert committed == self.reference[: len(committed)], "the target left the reference output"
         return self.reference[len(committed) : len(committed) + max_tokens]
 
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> hs.Draft:
+    def draft_row(self, state, input_ids: torch.LongTensor, max_tokens: int, row: int) -> hs.Draft:
         self.calls.append((input_ids.shape[1], max_tokens))
         future = self._future(input_ids, max_tokens)
         tokens = [t if i < self.num_correct else (t + 1) % VOCAB_SIZE for i, t in enumerate(future)]
@@ -73,7 +73,9 @@ class WrongFirstTreeDrafter(ReferenceDrafter):
         super().__init__(reference, num_draft_tokens, num_correct=num_draft_tokens)
         self.num_wrong = 2 if share_tokens else 1
 
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> hs.Draft:
+    drafts_trees = True
+
+    def draft_row(self, state, input_ids: torch.LongTensor, max_tokens: int, row: int) -> hs.Draft:
         token_ids, parent_ids, parent = [], [], -1
         for token in self._future(input_ids, max_tokens):
             for sibling in [(token + 1) % VOCAB_SIZE] * self.num_wrong + [token]:

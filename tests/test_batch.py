@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, TopKLogitsWarper
 
 import hf_speculators as hs
-import hf_speculators.batch_decoding as batch_decoding
+import hf_speculators.loop as loop
 from hf_speculators.cache import RaggedCache
 from hf_speculators.forward import forward_batch_logits
 from batch_helpers import MAX_NEW_TOKENS, PAD, batched_generate, laid_out, left_padded, two_token_joint
@@ -39,10 +39,7 @@ class RowScriptedDrafter(hs.Drafter):
         super().__init__(num_draft_tokens)
         self.references = references
 
-    def check_batch_support(self) -> None:
-        pass
-
-    def propose_batch(self, input_ids, max_tokens, rows):
+    def propose(self, state, input_ids, max_tokens, rows):
         drafts = []
         for ids, budget, row in zip(input_ids, max_tokens, rows):
             future = self.references[row][ids.shape[1] : ids.shape[1] + budget]
@@ -120,7 +117,7 @@ def test_rows_of_equal_length_need_no_mask(zoo):
 
 def test_compacting_every_step_changes_nothing(zoo, monkeypatch):
     """`max_holes=0` realigns the rows after every step (the gather path); the output must not change."""
-    monkeypatch.setattr(batch_decoding, "RaggedCache", lambda cache, valid, max_holes: RaggedCache(cache, valid, 0))
+    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, max_holes: RaggedCache(cache, valid, 0))
     drafter = scripted(zoo, "llama", BATCH_PROMPTS, 4, max_new_tokens=MAX_NEW_TOKENS)
     out = batched(zoo.target("llama"), drafter)
     assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
@@ -218,10 +215,7 @@ class TargetGreedyDrafter(hs.Drafter):
         super().__init__(num_draft_tokens)
         self.model = model
 
-    def check_batch_support(self) -> None:
-        pass
-
-    def propose_batch(self, input_ids, max_tokens, rows):
+    def propose(self, state, input_ids, max_tokens, rows):
         return [hs.Draft.chain(plain_generate(self.model, ids, max_new_tokens=budget)[0, ids.shape[1]:])
                 for ids, budget in zip(input_ids, max_tokens)]
 

@@ -4,9 +4,10 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig
 
 import hf_speculators as hs
+from hf_speculators.drafters.prompt_lookup import NgramIndex
 
 
 def brute_force_lookup(tokens: list[int], max_tokens: int, max_ngram_size: int, min_ngram_size: int, prefer: str,
@@ -29,13 +30,26 @@ def brute_force_lookup(tokens: list[int], max_tokens: int, max_ngram_size: int, 
     return []
 
 
-def prepared_drafter(eos_token_id=None, **kwargs) -> hs.PromptLookupDrafter:
-    drafter = hs.PromptLookupDrafter(**kwargs)
-    drafter.prepare(None, GenerationConfig(eos_token_id=eos_token_id), LogitsProcessorList(), None)
-    return drafter
+class Prepared:
+    """A prompt-lookup drafter with the state of one call."""
+
+    def __init__(self, eos_token_id=None, **kwargs):
+        self.drafter = hs.PromptLookupDrafter(**kwargs)
+        self.state = self.drafter.new_state(None, GenerationConfig(eos_token_id=eos_token_id))
+
+    def propose(self, input_ids, max_tokens):
+        return self.drafter.propose(self.state, [input_ids], [max_tokens], [0])[0]
+
+    def _index(self, row: int) -> NgramIndex:
+        """Row `row`'s n-gram index, made now if the call has none yet."""
+        return self.state.indexes.setdefault(row, NgramIndex(self.drafter.min_ngram_size, self.drafter.max_ngram_size))
 
 
-def proposal(drafter: hs.PromptLookupDrafter, tokens: list[int], max_tokens: int) -> list[int]:
+def prepared_drafter(eos_token_id=None, **kwargs) -> Prepared:
+    return Prepared(eos_token_id, **kwargs)
+
+
+def proposal(drafter: Prepared, tokens: list[int], max_tokens: int) -> list[int]:
     draft = drafter.propose(torch.tensor([tokens]), max_tokens)
     assert draft.is_chain and draft.draft_probs is None
     return draft.token_ids.tolist()
@@ -111,11 +125,11 @@ def test_a_new_sequence_resets_the_index(first, second):
     assert proposal(drafter, second, 4) == brute_force_lookup(second, 4, 2, 1, "latest")
 
 
-def test_prepare_resets_the_index():
+def test_each_call_has_a_fresh_index():
     """Each generate call starts from a fresh index, whatever the previous call's sequence was."""
     drafter = prepared_drafter(max_ngram_size=2)
     proposal(drafter, [1, 2, 3, 1, 2], 4)
-    drafter.prepare(None, GenerationConfig(), LogitsProcessorList(), None)
+    drafter.state = drafter.drafter.new_state(None, GenerationConfig())
     second = [3, 3, 3, 3, 2, 1]  # agrees with the first sequence at its last position
     assert proposal(drafter, second, 4) == brute_force_lookup(second, 4, 2, 1, "latest") == []
 

@@ -30,7 +30,7 @@ def test_verdict_counts_accepted_nodes():
 
 
 class MalformedTreeDrafter(hs.Drafter):
-    def propose(self, input_ids, max_tokens):
+    def draft_row(self, state, input_ids, max_tokens, row):
         return hs.Draft(token_ids=torch.tensor([1, 2]), parent_ids=torch.tensor([-1, 5]))
 
 

@@ -1,123 +1,121 @@
-"""The drafter interface, also usable as a transformers `CandidateGenerator`."""
+"""The drafter interface: settings and weights on the drafter, per-call state in a `DraftState` the loop owns."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
-from transformers import Cache, GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..cache import RaggedCache
-from ..forward import forward_batch_logits, forward_logits
 from ..sampling import process_logits, sample
-from ..tree import TokenTree
 from ..types import Draft
 
 
-class Drafter(CandidateGenerator):
-    """Proposes draft tokens from the committed tokens.
-
-    The speculative loop calls `prepare(...)` once at the start of each generate call, then `propose(input_ids,
-    max_tokens)` once per step. A drafter that keeps state (a draft model's KV cache) reconciles it with the
-    committed tokens on each call, so it needs no notice of what the verifier accepted.
-
-    As a `CandidateGenerator`, `get_candidates(input_ids)` returns `(candidate_ids, candidate_logits)` with
-    `candidate_ids` of shape `(1, sequence_length + k)` and `candidate_logits` of shape `(1, k, vocab_size)`
-    (log-probabilities) or `None` for a deterministic drafter. transformers checks chains only: a tree draft gives
-    its leftmost path (the first child at every node, the drafter's best guess).
+@dataclass(frozen=True)
+class TargetNeeds:
+    """What a drafter reads from the target's verification (and prefill) forwards, which the loop runs.
 
     Args:
-        num_draft_tokens (`int`): draft tokens proposed per step (k), at least 1: for a tree, its depth (the most
-            tokens on one path, which is what the length budget of `propose(input_ids, max_tokens)` limits).
-
-    Raises:
-        `ValueError`: if `num_draft_tokens` is not an integer >= 1.
+        layer_ids (`tuple[int, ...]`): decoder layers whose input hidden states (the residual stream entering layer
+            i, transformers' `hidden_states[i]`) the drafter reads (EAGLE-3's auxiliary layers).
+        final_norm (`bool`): whether it reads the final norm's output (transformers' `last_hidden_state`; EAGLE-1/2,
+            Medusa).
     """
 
-    name: str = ""
+    layer_ids: tuple[int, ...] = ()
+    final_norm: bool = False
 
-    def __init__(self, num_draft_tokens: int):
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
-        self.num_draft_tokens = num_draft_tokens
-        self.do_sample = False
-        self.logits_processor = LogitsProcessorList()
-        self.generator: torch.Generator | None = None
+    @property
+    def features(self) -> bool:
+        """Whether any hidden state is read."""
+        return bool(self.layer_ids) or self.final_norm
 
-    def prepare(
-        self,
-        target,
-        generation_config: GenerationConfig,
-        logits_processor: LogitsProcessorList,
-        generator: torch.Generator | None,
-        tokenizer=None,
-        cache=None,
-    ) -> None:
-        """Starts a generate call: checks that this drafter fits `target` and resets per-call state.
 
-        Args:
-            target (`PreTrainedModel`): the target model.
-            generation_config (`GenerationConfig`): the call's config; `do_sample` decides greedy or sampled drafts.
-            logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to draft logits too.
-            generator (`torch.Generator`, *optional*): the only source of randomness for sampled drafts.
-            tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for vocabulary checks.
-            cache (`DynamicCache`, *optional*): the target's KV cache of this call, for drafters that write into it
-                (layer skip); the others ignore it.
+@dataclass(frozen=True)
+class Resume:
+    """A drafter's request that the loop's target forward starts at decoder layer `exit_layer` (layer skip).
+
+    The drafter already ran layers `[0, exit_layer)` over the step's query slots while drafting, writing their keys
+    and values into the target's cache; the loop runs only layers `[exit_layer, L)` from `hidden_states`.
+
+    Args:
+        exit_layer (`int`): the first layer the loop runs.
+        hidden_states (`torch.FloatTensor` of shape `(batch_size, num_query, hidden_size)`): the hidden states
+            entering `exit_layer` for every query slot.
+        valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): the query slots the drafter fed (the loop
+            checks they are the slots it builds).
+    """
+
+    exit_layer: int
+    hidden_states: torch.FloatTensor
+    valid: torch.BoolTensor
+
+
+@dataclass
+class StepFeedback:
+    """What the loop hands a drafter after a prefill or step (`Drafter.observe`), one entry per row of the forward.
+
+    Args:
+        rows (`list[int]`): each entry's row in the generate call's batch.
+        positions (`list[int]`): each row's position of its first kept token (the tokens its cache held before).
+        features (`list[torch.FloatTensor]`, *optional*): when the drafter's `TargetNeeds` asks for hidden states,
+            row i's features `(num_kept_i, width)` of the tokens the target's cache kept (the pending token and the
+            accepted draft tokens; in a prefill, the prompt's cached tokens), in sequence order: the layer inputs of
+            `layer_ids` then the final norm's output, concatenated.
+        extra_logits (`list[torch.FloatTensor]`, *optional*): for a draft with unverified query tokens
+            (`Draft.extra_token_ids`), row i's target logits `(num_extra_i, vocab_size)` of them.
+    """
+
+    rows: list[int]
+    positions: list[int]
+    features: list[torch.FloatTensor] | None = None
+    extra_logits: list[torch.FloatTensor | None] | None = None
+
+
+@dataclass
+class DraftState:
+    """One generate call as a drafter sees it: created by `Drafter.start`, owned by the loop, dropped after the call.
+
+    Subclasses add the drafter's own per-call state (a draft model's KV cache, n-gram indexes, head caches), so one
+    drafter instance serves concurrent calls without sharing any of it.
+
+    Args:
+        target (`PreTrainedModel`): the target model.
+        generation_config (`GenerationConfig`): the call's config; `do_sample` decides greedy or sampled drafts.
+        logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to draft logits too
+            (for a batch: as row 0 of the batch, `RowOfBatch`; draft scores only steer acceptance).
+        generator (`torch.Generator`, *optional*): the only source of randomness for sampled drafts.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for vocabulary checks.
+        cache (`RaggedCache`, *optional*): the target's cache of this call, for drafters that write into it (layer
+            skip); `None` outside the speculative loop (transformers' `get_candidates`).
+        batch_size (`int`): rows in the call.
+        resume (`Resume`, *optional*): set by `propose` when the next target forward may start at an exit layer.
+    """
+
+    target: object
+    generation_config: GenerationConfig
+    logits_processor: LogitsProcessorList = field(default_factory=LogitsProcessorList)
+    generator: torch.Generator | None = None
+    tokenizer: object = None
+    cache: RaggedCache | None = None
+    batch_size: int = 1
+    resume: Resume | None = None
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config.do_sample)
+
+    def draft_tokens(self, prefixes: Sequence[torch.LongTensor], logits: torch.FloatTensor,
+                     with_probs: bool = False) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """Picks the next draft token of several sequences from raw draft logits `(n, vocab_size)`, row i continuing
+        `prefixes[i]` `(1, length_i)`.
+
+        The logits go through the call's processors as the target's do. Returns the tokens `(n,)` and, when
+        sampling (the distributions they were drawn from: their `draft_probs` rows) or when `with_probs` asks for
+        them under greedy decoding, the processed distributions `(n, vocab_size)`; else `None` (greedy drafting
+        needs only the argmax). Sampled rows are drawn in order from the call's generator.
         """
-        self.do_sample = bool(generation_config.do_sample)
-        self.logits_processor = logits_processor
-        self.generator = generator
-
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        """Returns a draft continuing `input_ids` of shape `(1, sequence_length)`, no path longer than `max_tokens`."""
-        raise NotImplementedError(f"{type(self).__name__} must implement propose(input_ids, max_tokens)")
-
-    def check_batch_support(self) -> None:
-        """Raises `ValueError` unless this drafter can draft for a batch of several sequences (`propose_batch`)."""
-        raise ValueError(
-            f"{type(self).__name__} cannot draft for a batch of several sequences yet: use PromptLookupDrafter or "
-            "DraftModelDrafter for batches, or call generate once per prompt."
-        )
-
-    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
-        """Drafts for several sequences at once: one chain `Draft` per entry of `input_ids`.
-
-        Args:
-            input_ids (`list[torch.LongTensor]`): each sequence's committed tokens, shape `(1, sequence_length_i)`,
-                without padding.
-            max_tokens (`list[int]`): each sequence's length budget.
-            rows (`list[int]`): each sequence's row in the generate call's batch (increasing). A row that is absent
-                finished, and will not come back: a drafter with state per row may drop it.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement propose_batch(input_ids, max_tokens, rows)")
-
-    def target_forward_batch(self, model, cache: RaggedCache, input_ids: torch.LongTensor,
-                             new_valid: torch.BoolTensor, num_logits: int | None = None) -> torch.FloatTensor:
-        """The verification (or prefill) forward of a batch: `forward_batch_logits`, same arguments and result.
-
-        A drafter that reads or reuses the target's forward (learned heads, layer skip) overrides it, as it does
-        `target_forward` for one sequence."""
-        return forward_batch_logits(model, cache, input_ids, new_valid, num_logits)
-
-    def target_forward(self, model, cache: Cache, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int,
-                       num_logits: int) -> torch.FloatTensor:
-        """The verification forward: the target's logits over the pending tokens and the draft's nodes.
-
-        By default one forward of the whole target (`forward_logits`, same arguments and result). A drafter that
-        already ran part of the target over these tokens while drafting (layer skip) finishes that forward here.
-        """
-        return forward_logits(model, cache, input_ids, tree, num_prefix, num_logits)
-
-    def _draft_token(self, prefix: torch.LongTensor, logits: torch.FloatTensor, with_probs: bool = False):
-        """Picks the next draft token from raw logits `(1, vocab_size)` continuing `prefix` `(1, length)`.
-
-        The logits go through the call's processors as the target's do. Returns the token `()` and the processed
-        distribution `(vocab_size,)` when sampling (the one it was drawn from: its `draft_probs` row) or when
-        `with_probs` asks for it under greedy decoding, else `None` (greedy drafting needs only the argmax).
-        """
-        tokens, probs = self._draft_tokens([prefix], logits, with_probs)
-        return tokens[0], None if probs is None else probs[0]
-
-    def _draft_tokens(self, prefixes: list[torch.LongTensor], logits: torch.FloatTensor, with_probs: bool = False):
-        """`_draft_token` for several sequences: row i of `logits` `(n, vocab_size)` continues `prefixes[i]`.
-        Returns the tokens `(n,)` and distributions `(n, vocab_size)` or `None`; sampled rows are drawn in order."""
         scores = process_logits(self.logits_processor, prefixes, logits)
         if not (self.do_sample or with_probs):
             return scores.argmax(dim=-1), None
@@ -126,12 +124,96 @@ class Drafter(CandidateGenerator):
             return probs.argmax(dim=-1), probs
         return torch.stack([sample(row_probs, self.generator) for row_probs in probs]), probs
 
+
+class Drafter(CandidateGenerator):
+    """Proposes draft tokens for every running row of a generate call.
+
+    A drafter holds weights and settings only. The speculative loop calls `start(state)` once per generate call
+    (checks that the drafter fits the target; fills the drafter's `DraftState` subclass), then once per step
+    `propose(state, input_ids, max_tokens, rows)`, and after the prefill and each step `observe(state, feedback)`
+    with what it declared it reads from the target's forward (`target_needs`). Per-call state lives in the state
+    object, never on the drafter, so concurrent calls never share it.
+
+    A drafter that drafts each row on its own implements `draft_row`; the default `propose` maps it over the rows.
+    A drafter that drafts rows together (one batched draft forward) overrides `propose`.
+
+    As a transformers `CandidateGenerator`, `get_candidates(input_ids)` returns `(candidate_ids, candidate_logits)`
+    with `candidate_ids` of shape `(1, sequence_length + k)` and `candidate_logits` of shape `(1, k, vocab_size)`
+    (log-probabilities) or `None` for a deterministic drafter. transformers checks chains only: a tree draft gives
+    its leftmost path (the first child at every node, the drafter's best guess).
+
+    Args:
+        num_draft_tokens (`int`): draft tokens proposed per step (k), at least 1: for a tree, its depth (the most
+            tokens on one path, which is what the length budget `max_tokens` of `propose` limits).
+
+    Raises:
+        `ValueError`: if `num_draft_tokens` is not an integer >= 1.
+    """
+
+    name: str = ""
+    state_class: type = DraftState
+    drafts_trees: bool = False  # whether `propose` may return token trees (checked against the attention kernel)
+
+    def __init__(self, num_draft_tokens: int):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be an integer >= 1, got {num_draft_tokens!r}.")
+        self.num_draft_tokens = num_draft_tokens
+        self._candidate_state: DraftState | None = None  # transformers' assisted loop only (`get_candidates`)
+
+    def target_needs(self, target) -> TargetNeeds:
+        """What this drafter reads from the target's forwards (default: nothing)."""
+        return TargetNeeds()
+
+    def start(self, state: DraftState) -> None:
+        """Starts a generate call: checks that this drafter fits `state.target` and fills its per-call state.
+
+        Raises:
+            `ValueError`: for a target, tokenizer or cache this drafter cannot serve, naming what to change.
+        """
+
+    def propose(self, state: DraftState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
+                rows: Sequence[int]) -> list[Draft]:
+        """Drafts for every running row: one `Draft` (a chain or a token tree) per entry of `input_ids`.
+
+        Args:
+            state (`DraftState`): this call's state, as `start` filled it.
+            input_ids (`Sequence[torch.LongTensor]`): each row's committed tokens, shape `(1, sequence_length_i)`,
+                without padding.
+            max_tokens (`Sequence[int]`): each row's length budget (no path longer; 0: no draft for that row).
+            rows (`Sequence[int]`): each row's index in the generate call's batch (increasing). A row that is
+                absent finished and will not come back: per-row state may be dropped.
+        """
+        return [self.draft_row(state, ids, budget, row) if budget > 0 else Draft.empty(ids.device)
+                for ids, budget, row in zip(input_ids, max_tokens, rows)]
+
+    def draft_row(self, state: DraftState, input_ids: torch.LongTensor, max_tokens: int, row: int) -> Draft:
+        """The draft of one row (see `propose`), `input_ids` of shape `(1, sequence_length)`, `max_tokens >= 1`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement draft_row or propose")
+
+    def observe(self, state: DraftState, feedback: StepFeedback) -> None:
+        """Takes in what the target's last forward gave this drafter (`StepFeedback`); the default ignores it."""
+
+    def new_state(self, target, generation_config: GenerationConfig, **kwargs) -> DraftState:
+        """A started `DraftState` for one call (`kwargs`: the other `DraftState` fields)."""
+        state = self.state_class(target, generation_config, **kwargs)
+        self.start(state)
+        return state
+
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
-        draft = self.propose(input_ids, self.num_draft_tokens)
+        """transformers' assisted-generation interface: a greedy chain after `input_ids` `(1, sequence_length)`.
+
+        The state of transformers' call is kept on the drafter (transformers' loop makes one call per candidate
+        generator); `hf_speculators.generate` never uses it."""
+        if self._candidate_state is None:
+            self._candidate_state = self.new_state(None, GenerationConfig())
+        draft = self.propose(self._candidate_state, [input_ids], [self.num_draft_tokens], [0])[0]
         path = draft.tree.leftmost_path()
         candidate_ids = torch.cat([input_ids, draft.token_ids[path][None].to(input_ids.device)], dim=-1)
         candidate_logits = None if draft.draft_probs is None else draft.draft_probs[path].log()[None]
         return candidate_ids, candidate_logits
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches) -> None:
+        """transformers' assisted-generation hook; the draft length is the loop's schedule's job, so nothing."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_draft_tokens={self.num_draft_tokens})"

@@ -1,10 +1,12 @@
 """Prompt-lookup drafting: continue the text the way it continued after an earlier occurrence of its suffix."""
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ..tree import trie_from_sequences
 from ..types import Draft
-from .base import Drafter
+from .base import Drafter, DraftState
 
 MATCH_RULES = ("latest", "earliest")
 
@@ -66,6 +68,22 @@ class NgramIndex:
         return draft
 
 
+@dataclass
+class PromptLookupState(DraftState):
+    """A call's n-gram index per row (keyed by the row's index in the batch) and its EOS token ids."""
+
+    indexes: dict = field(default_factory=dict)
+    eos_token_ids: set = field(default_factory=set)
+
+
+def _cut_after_eos(continuation: list[int], eos_token_ids: set[int]) -> list[int]:
+    """`continuation` up to and including its first EOS token."""
+    for i, token in enumerate(continuation):
+        if token in eos_token_ids:
+            return continuation[: i + 1]
+    return continuation
+
+
 class PromptLookupDrafter(Drafter):
     """Drafts by n-gram matching over the prompt and the generated text (prompt lookup decoding, Saxena 2023).
 
@@ -96,6 +114,7 @@ class PromptLookupDrafter(Drafter):
     """
 
     name = "prompt-lookup"
+    state_class = PromptLookupState
 
     def __init__(self, num_draft_tokens: int = 8, max_ngram_size: int = 3, min_ngram_size: int = 1,
                  prefer: str = "latest", num_candidates: int = 1):
@@ -113,43 +132,23 @@ class PromptLookupDrafter(Drafter):
         self.min_ngram_size = min_ngram_size
         self.prefer = prefer
         self.num_candidates = num_candidates
-        self.eos_token_ids: set[int] = set()
-        self._indexes: dict[int, NgramIndex] = {}  # batch row -> the n-gram index of its sequence
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        eos = generation_config.eos_token_id
-        self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
-        self._indexes = {}
+    @property
+    def drafts_trees(self) -> bool:
+        return self.num_candidates > 1
 
-    def check_batch_support(self) -> None:
-        if self.num_candidates > 1:
-            raise ValueError(
-                f"PromptLookupDrafter(num_candidates={self.num_candidates}) drafts token trees, which batch size > 1 "
-                "does not support yet: use num_candidates=1 (a chain), or call generate once per prompt."
-            )
+    def start(self, state: PromptLookupState) -> None:
+        eos = state.generation_config.eos_token_id
+        state.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
 
-    def _index(self, row: int) -> "NgramIndex":
-        if row not in self._indexes:
-            self._indexes[row] = NgramIndex(self.min_ngram_size, self.max_ngram_size)
-        return self._indexes[row]
-
-    def _cut_after_eos(self, continuation: list[int]) -> list[int]:
-        for i, token in enumerate(continuation):
-            if token in self.eos_token_ids:
-                return continuation[: i + 1]
-        return continuation
-
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int, row: int = 0) -> Draft:
-        index = self._index(row)
+    def draft_row(self, state: PromptLookupState, input_ids: torch.LongTensor, max_tokens: int, row: int) -> Draft:
+        index = state.indexes.get(row)
+        if index is None:
+            index = state.indexes[row] = NgramIndex(self.min_ngram_size, self.max_ngram_size)
         index.update(input_ids)
         starts = index.match_starts(self.num_candidates, self.prefer)
-        continuations = [self._cut_after_eos(index.copy_from(start, max_tokens)) for start in starts]
+        continuations = [_cut_after_eos(index.copy_from(start, max_tokens), state.eos_token_ids) for start in starts]
         return Draft.from_lists(*trie_from_sequences(continuations), device=input_ids.device)
-
-    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
-        """One n-gram index per row (keyed by the row's index in the batch); otherwise as `propose`."""
-        return [self.propose(ids, k, row) for ids, k, row in zip(input_ids, max_tokens, rows)]
 
     def __repr__(self) -> str:
         return (

@@ -6,6 +6,8 @@ the loop makes anyway). It never sees the drafter, so every drafter gets it, and
 only on the steps before it, which keeps rejection sampling lossless. One schedule object serves one generate call.
 """
 
+from collections.abc import Sequence
+
 
 class DraftLengthSchedule:
     """How many draft tokens each step asks the drafter for (for a tree: its depth).
@@ -25,18 +27,18 @@ class DraftLengthSchedule:
         self.num_draft_tokens = num_draft_tokens
         self.draft_length = num_draft_tokens
 
-    def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float) -> None:
-        """Takes in one finished step; the default (a constant length) ignores it.
+    def update(self, draft_length: int, num_nodes: Sequence[int], depths: Sequence[int],
+               num_accepted: Sequence[int], draft_seconds: float, verify_seconds: float) -> None:
+        """Takes in one finished step of every running row; the default (a constant length) ignores it.
 
         Args:
-            draft_length (`int`): the length the step asked the drafter for (0: the drafter was not called).
-            num_nodes (`int`): draft tokens (tree nodes) the drafter returned.
-            depth (`int`): the longest path of the draft (`num_nodes` for a chain).
-            num_accepted (`int`): draft tokens accepted (a root-to-leaf path).
-            draft_seconds (`float`): seconds spent drafting.
-            verify_seconds (`float`): seconds spent in the target forward, verification and commit; it scored
-                `num_nodes + 1` tokens.
+            draft_length (`int`): the longest draft the step asked any row for (0: the drafter was not called).
+            num_nodes (`Sequence[int]`): per row, the draft tokens (tree nodes) the drafter returned.
+            depths (`Sequence[int]`): per row, the longest path of its draft (`num_nodes` for a chain).
+            num_accepted (`Sequence[int]`): per row, the draft tokens accepted (a root-to-leaf path).
+            draft_seconds (`float`): seconds spent drafting for every row.
+            verify_seconds (`float`): seconds spent in the one target forward, verification and commit; it scored
+                `len(num_nodes) * (max(num_nodes) + 1)` query slots.
         """
 
 
@@ -49,15 +51,17 @@ class ConstantSchedule(DraftLengthSchedule):
 class HeuristicSchedule(DraftLengthSchedule):
     """transformers' `num_assistant_tokens_schedule="heuristic"` rule, for comparison.
 
-    Starts at `num_draft_tokens`; after a step whose every draft token was accepted the length grows by 2 (with
+    Starts at `num_draft_tokens`; after a step whose every draft token was accepted (in a batch: in every row that
+    drafted) the length grows by 2 (with
     no upper bound, as in transformers), after any other step it shrinks by 1, never below 1. A step whose draft
-    came back empty (prompt lookup found no match) leaves it as it is. The length starts afresh in each generate
+    came back empty in every row (prompt lookup found no match) leaves it as it is. The length starts afresh in each generate
     call, as transformers' `"heuristic_transient"` (this library keeps no state across calls).
     """
 
     name = "heuristic"
 
-    def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float) -> None:
-        if num_nodes > 0:
-            self.draft_length = self.draft_length + 2 if num_accepted == num_nodes else max(1, self.draft_length - 1)
+    def update(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds) -> None:
+        drafted = [(nodes, accepted) for nodes, accepted in zip(num_nodes, num_accepted) if nodes > 0]
+        if drafted:
+            complete = all(accepted == nodes for nodes, accepted in drafted)
+            self.draft_length = self.draft_length + 2 if complete else max(1, self.draft_length - 1)

@@ -5,12 +5,13 @@ of Leviathan et al. 2023 measured instead of assumed):
 
     goodput(k) = E[tokens committed | k] / E[seconds of a step | k]
     E[tokens | k]  = 1 + sum_{i<k} Q_i * c_0 * ... * c_i               (bonus or recovered token included)
-    E[seconds | k] = draft(d_k) + verify(1 + r * d_k),  d_k = sum_{i<k} Q_i    (k = 0: verify(1), a plain step)
+    E[seconds | k] = draft(d_k) + verify(B * (1 + r * d_k)),  d_k = sum_{i<k} Q_i   (k = 0: a plain step)
 
 with c_i the acceptance rate at draft position (tree: depth) i given that every earlier position was accepted,
 Q_i how often a draft asked for more than i tokens has a token at position i (prompt lookup may find fewer),
-r the draft's nodes per depth (1 for a chain), and `draft` and `verify` straight lines fitted to the steps' seconds
-against tokens drafted and tokens scored (a plain step is a point of the verification line at one token). Every
+r the draft's nodes per depth (1 for a chain), B the rows of a batch (each step's one forward scores every row's
+query, padded to the widest), and `draft` and `verify` straight lines fitted to the steps' seconds against the
+deepest draft and the query slots scored (a plain step is a point of the verification line at one token). Every
 estimate is an exponential moving average over the call's steps with a prior, so the first steps are sane.
 """
 
@@ -150,19 +151,24 @@ class GoodputSchedule(DraftLengthSchedule):
         self.probe_budget, self.explore_interval = probe_overhead, explore_interval
         self.num_plain_steps = self.num_drafted_steps = 0  # plain steps since the last drafted one; drafted steps
         self.probing = False
+        self.num_rows = 1  # rows of the last step, whose query the next step's verification cost scales with
 
-    def update(self, draft_length: int, num_nodes: int, depth: int, num_accepted: int, draft_seconds: float,
-               verify_seconds: float) -> None:
+    def update(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds) -> None:
+        """Takes in one step of every running row (see `DraftLengthSchedule.update`): the acceptance of each row's
+        draft, and the step's costs against its deepest draft and the query slots its one forward scored."""
         if draft_length > 0:
-            self._observe_acceptance(min(draft_length, self.num_draft_tokens), depth, num_accepted)
-        if num_nodes == 0:  # a plain step
+            for depth, accepted in zip(depths, num_accepted):
+                self._observe_acceptance(min(draft_length, self.num_draft_tokens), depth, accepted)
+        self.num_rows = len(num_nodes)
+        drafted = [(nodes, depth) for nodes, depth in zip(num_nodes, depths) if nodes > 0]
+        if not drafted:  # a plain step
             self.plain_cost.add(draft_seconds + verify_seconds)
         else:
-            self.draft_cost.add(depth, draft_seconds)
-            self.verify_cost.add(num_nodes + 1, verify_seconds)
-            self.nodes_per_depth.add(num_nodes / depth)
-        if self.probing and num_nodes:  # a probe that found nothing to draft (prompt lookup) says nothing
-            self.probe_budget = (self.probe_overhead if num_accepted else
+            self.draft_cost.add(max(depths), draft_seconds)
+            self.verify_cost.add(self.num_rows * (max(num_nodes) + 1), verify_seconds)
+            self.nodes_per_depth.add(sum(nodes / depth for nodes, depth in drafted) / len(drafted))
+        if self.probing and drafted:  # a probe that found nothing to draft (prompt lookup) says nothing
+            self.probe_budget = (self.probe_overhead if any(num_accepted) else
                                  max(self.probe_budget / 2, self.min_probe_overhead))
         self.draft_length = self._next_length()
 
@@ -188,11 +194,13 @@ class GoodputSchedule(DraftLengthSchedule):
     def expected_tokens_and_seconds(self) -> tuple[list[float], list[float]]:
         """Entry k of each: the expected tokens committed (the bonus or recovered one included) and seconds of a step
         with draft length k, for k in `0..num_draft_tokens` (k = 0: a plain step). Needs a measured draft."""
-        plain = self.plain_cost.value if self.plain_cost.value is not None else self.verify_cost(1)
-        # the two cost lines in one: draft(depth) + verify(1 + nodes_per_depth * depth) = fixed + per_depth * depth
+        rows = self.num_rows
+        plain = self.plain_cost.value if self.plain_cost.value is not None else self.verify_cost(rows)
+        # the two cost lines in one, for a step of `rows` rows (its forward scores every row's slots):
+        # draft(depth) + verify(rows * (1 + nodes_per_depth * depth)) = fixed + per_depth * depth
         draft, verify = self.draft_cost, self.verify_cost
-        fixed = draft.intercept + verify.intercept + verify.slope
-        per_depth = draft.slope + verify.slope * self.nodes_per_depth.value
+        fixed = draft.intercept + verify.intercept + verify.slope * rows
+        per_depth = draft.slope + verify.slope * rows * self.nodes_per_depth.value
         strength, acceptance, presence = self.prior_strength, self.prior_acceptance, 1.0  # position 0's priors
         tokens, seconds, survival, depth = [1.0], [plain], 1.0, 0.0
         for accepted, reached, present, asked in zip(self.accepted, self.reached, self.present, self.asked):

@@ -1,0 +1,202 @@
+"""The speculative loop: one step function for a batch of one or more rows, owning the target's forward."""
+
+import torch
+
+from .cache import DEFAULT_MAX_HOLES, RaggedCache, truncate
+from .drafters import Drafter
+from .drafters.base import StepFeedback
+from .metrics import SpeculativeStats, clock
+from .outputs import SpeculativeGenerateOutput, commit_tokens
+from .query import Query
+from .sampling import row_processors, process_logits
+from .schedules import DraftLengthSchedule
+from .target import TargetForward
+from .types import Draft
+from .verifiers import Verifier
+
+
+class SpeculativeLoop:
+    """The state of one speculative generate call over `batch_size` rows (a single sequence is a batch of one).
+
+    Each step every running row gets its own draft (a chain or a token tree), one target forward scores every row's
+    pending token and draft (`Query`), each row is verified on its own and keeps its accepted tokens in the
+    `RaggedCache`, and the drafter is handed what it reads of that forward (`StepFeedback`). A row that meets a
+    stopping criterion leaves the batch: no more drafting or target compute. Rows are kept with their left
+    padding, as plain `generate` sees them, so `max_length`, the stopping criteria and the logits processors treat
+    each row as a plain batched call would (`row_processors`); drafters and verifiers see a row without padding.
+    With one row the cache never keeps a hole, the target runs with its own causal mask for chains, and the
+    streamer, `output_scores`, `output_logits` and the returned `past_key_values` are served.
+
+    Args:
+        model (`PreTrainedModel`): the target.
+        drafter (`Drafter`): proposes each row's draft.
+        verifier (`Verifier`): judges each row's draft.
+        schedule (`DraftLengthSchedule`): one draft length per step for every row, updated once per step.
+        generation_config, logits_processor, stopping_criteria: as transformers prepared them.
+        generator (`torch.Generator`): the only source of randomness.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's tokenizer, for the drafter's checks.
+        streamer (`BaseStreamer`, *optional*): one row only: receives the prompt, then every committed token once.
+        pad_token_id (`int`): fills draft-less query slots and the end of rows that finished early.
+        max_holes (`int`, defaults to `cache.DEFAULT_MAX_HOLES`): the `RaggedCache` compaction threshold (0: realign
+            every step). Not a `generate` argument: `examples/batch_compaction.py` passes it to measure its cost.
+    """
+
+    def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule,
+                 generation_config, logits_processor, stopping_criteria, generator, tokenizer=None, streamer=None,
+                 pad_token_id: int = 0, max_holes: int = DEFAULT_MAX_HOLES):
+        self.model, self.drafter, self.verifier, self.schedule = model, drafter, verifier, schedule
+        self.generation_config, self.logits_processor, self.stopping_criteria = (
+            generation_config, logits_processor, stopping_criteria)
+        self.generator, self.tokenizer, self.streamer = generator, tokenizer, streamer
+        self.pad_token_id, self.max_holes, self.device = pad_token_id, max_holes, model.device
+        self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
+        self.scores = [] if generation_config.output_scores else None
+        self.raw_logits = [] if generation_config.output_logits else None
+
+    def prefill(self, input_ids: torch.LongTensor, num_pads: list[int], cache) -> None:
+        """Starts the drafter's state and caches every prompt token but the last of each row (pending for the
+        first step), skipping the tokens a prefilled `cache` (one row only) already holds."""
+        start = clock(self.device)
+        batch_size = input_ids.shape[0]
+        self.sequences = list(input_ids.split(1))  # [1, length] per row, left padding included
+        self.num_pads = num_pads
+        self.row_stats = [SpeculativeStats(lossless=self.stats.lossless, verifier=self.stats.verifier,
+                                           drafter=self.stats.drafter) for _ in num_pads]
+        self.processors = [row_processors(self.logits_processor, batch_size, row) for row in range(batch_size)]
+        truncate(cache, input_ids.shape[1] - 1)
+        num_cached = cache.get_seq_length()
+        self.cache = RaggedCache(cache, torch.ones(batch_size, num_cached, dtype=torch.bool), self.max_holes)
+        self.running = list(range(batch_size))  # the rows that have not finished (the cache's rows)
+        self.state = self.drafter.new_state(
+            self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,
+            tokenizer=self.tokenizer, cache=self.cache, batch_size=batch_size)
+        self.target = TargetForward(self.model, self.drafter.target_needs(self.model))
+        if self.streamer is not None:
+            self.streamer.put(input_ids.cpu())
+        positions = torch.arange(num_cached, input_ids.shape[1] - 1)
+        valid = positions >= torch.tensor(num_pads)[:, None]  # [batch_size, prompt length - 1 - num_cached]
+        if valid.shape[1]:
+            query = Query.chain(input_ids[:, num_cached:-1], valid)
+            self.target(self.cache, query, num_logits=1)
+            self.stats.num_target_forwards += 1
+            self._feedback(valid, None, None)
+            self.cache.append(valid)
+        self.stats.verify_time += clock(self.device) - start
+
+    def _budgets(self, rows: list[int]) -> list[int]:
+        """Each running row's draft length: the schedule's, capped by what the length limit leaves (the step's
+        next token takes one place)."""
+        max_length = self.generation_config.max_length
+        return [max(0, min(self.schedule.draft_length, max_length - self.sequences[row].shape[1] - 1))
+                for row in rows]
+
+    def step(self) -> bool:
+        """One step for every running row: draft, one target forward, verify, commit. Returns whether all finished."""
+        # 1. a draft per row, as long as the schedule says and the row's length budget leaves room for
+        start = clock(self.device)
+        rows = self.running
+        budgets = self._budgets(rows)
+        if max(budgets) > 0:
+            committed = [self.sequences[row][:, self.num_pads[row]:] for row in rows]
+            drafts = self.drafter.propose(self.state, committed, budgets, rows)
+        else:
+            drafts = [Draft.empty(self.device) for _ in rows]
+        resume, self.state.resume = self.state.resume, None
+        verify_start = clock(self.device)
+        # 2. one target forward over every row's pending token and draft (chain or tree)
+        pending = torch.cat([self.sequences[row][0, -1:] for row in rows])
+        query = Query.from_drafts(pending.to(self.device), drafts, self.pad_token_id)
+        logits = self.target(self.cache, query, resume)  # [rows, num_query, vocab]
+        # 3. per row: logits processors, verification, commit until a stopping criterion
+        keep = torch.zeros_like(query.valid)
+        keep[:, 0] = True  # every row's pending token is now committed
+        finished, accepted = [], []
+        for i, (row, draft) in enumerate(zip(rows, drafts)):
+            nodes, done = self._verify_and_commit(row, draft, logits[i, : draft.num_nodes + 1], budgets[i])
+            keep[i, 1 + nodes.cpu()] = True
+            finished.append(done)
+            accepted.append(len(nodes))
+        # 4. the drafter reads what it needs of the forward; each row's cache keeps its committed slots
+        self._feedback(keep, query, logits)
+        self.cache.append(keep)
+        if any(finished):
+            self.running = [row for row, done in zip(rows, finished) if not done]
+            if self.running:  # one row's cache stays for the output
+                self.cache.keep_rows(self.running)
+        # 5. timings; the schedule learns from every row of the step at once
+        end = clock(self.device)
+        self.stats.num_target_forwards += 1
+        self.stats.draft_time += verify_start - start
+        self.stats.verify_time += end - verify_start
+        self.schedule.update(max(budgets), [draft.num_nodes for draft in drafts],
+                             [draft.tree.depth for draft in drafts], accepted, verify_start - start,
+                             end - verify_start)
+        return not self.running
+
+    def _verify_and_commit(self, row: int, draft: Draft, logits: torch.FloatTensor,
+                           budget: int) -> tuple[torch.LongTensor, bool]:
+        """Verifies row `row`'s draft against its logits `(num_nodes + 1, vocab)` and commits the new tokens.
+
+        Returns the accepted nodes `(num_accepted,)` and whether the row finished."""
+        prefixes = draft.tree.prefixes(self.sequences[row], draft.token_ids, range(-1, draft.num_nodes))
+        scores = process_logits(self.processors[row], prefixes, logits)  # [num_nodes + 1, vocab]
+        verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
+        new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
+        scored_by = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the scores row of each new token
+        self.sequences[row], committed, finished = commit_tokens(self.sequences[row], new_tokens, scores[scored_by],
+                                                                 self.stopping_criteria)
+        self._extra_outputs(new_tokens[:committed], scored_by[:committed], scores, logits)
+        self.row_stats[row].record(draft.num_nodes, min(verdict.num_accepted, committed), committed,
+                                   depth=draft.tree.depth, draft_length=budget)
+        return verdict.accepted_nodes, finished
+
+    def _extra_outputs(self, new_tokens: torch.LongTensor, scored_by: list[int], scores, logits) -> None:
+        """Streams the committed tokens and keeps their scores and logits, when asked (one row only)."""
+        if self.scores is not None:
+            self.scores.extend(scores[i : i + 1] for i in scored_by)
+        if self.raw_logits is not None:
+            self.raw_logits.extend(logits[i : i + 1].float() for i in scored_by)
+        if self.streamer is not None:
+            self.streamer.put(new_tokens.cpu())
+
+    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None) -> None:
+        """Hands the drafter the features of each row's kept slots and the logits of its unverified tokens."""
+        features = self.target.features
+        extra = query is not None and query.visible is not None and any(
+            int(query.valid[i].sum()) > n for i, n in enumerate(query.num_verified))
+        if features is None and not extra:
+            return
+        rows = self.running
+        kept = [keep[i].to(features.device) for i in range(len(rows))] if features is not None else None
+        self.drafter.observe(self.state, StepFeedback(
+            rows=rows,
+            positions=self.cache.lengths.tolist(),
+            features=None if kept is None else [features[i, slots] for i, slots in enumerate(kept)],
+            extra_logits=None if not extra else [
+                logits[i, n : int(query.valid[i].sum())] for i, n in enumerate(query.num_verified)],
+        ))
+
+    def output(self) -> SpeculativeGenerateOutput:
+        """The rows, right-padded with the pad token to the longest (as plain `generate` pads finished rows), and
+        the call's stats (a batch's with `row_stats`); for one row also the cache, holding every token but the last
+        (as after plain `generate`)."""
+        if self.streamer is not None:
+            self.streamer.end()
+        for row_stats in self.row_stats:
+            self.stats.add(row_stats)
+        if len(self.sequences) > 1:
+            self.stats.row_stats = self.row_stats
+        past_key_values = None
+        if len(self.sequences) == 1:
+            self.cache.truncate(torch.tensor([self.sequences[0].shape[1] - 1]))
+            past_key_values = self.cache.cache
+        width = max(sequence.shape[1] for sequence in self.sequences)
+        sequences = torch.cat([torch.nn.functional.pad(sequence, (0, width - sequence.shape[1]),
+                                                       value=self.pad_token_id) for sequence in self.sequences])
+        return SpeculativeGenerateOutput(
+            sequences=sequences,
+            scores=None if self.scores is None else tuple(self.scores),
+            logits=None if self.raw_logits is None else tuple(self.raw_logits),
+            past_key_values=past_key_values,
+            speculative_stats=self.stats,
+        )

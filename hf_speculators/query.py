@@ -1,0 +1,104 @@
+"""The query of one forward over a `RaggedCache`: every row's new tokens, where they sit and what each one sees."""
+
+import functools
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .cache import RaggedCache
+from .types import Draft
+
+
+@dataclass
+class Query:
+    """The new slots of one forward of every row of a batch, after the rows' cached tokens.
+
+    Row i's slots hold, in order, its pending token, its draft's nodes (a chain or a token tree), the unverified
+    tokens its drafter asked for (`Draft.extra_token_ids`), then holes up to the widest row. A slot's position is
+    its row's cached tokens plus `offsets[i, j]` (a node at depth d: 1 + d). With `visible` set, slot j of row i
+    attends to the cached tokens and the query slots `visible[i, j]` marks; without it, to every earlier query slot
+    that holds a token (a chain).
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(batch_size, num_query)`): the tokens (any id in a hole).
+        valid (`torch.BoolTensor` of shape `(batch_size, num_query)`, on the CPU): which slots hold a token.
+        offsets (`torch.LongTensor` of shape `(batch_size, num_query)`, on the CPU): each slot's position after its
+            row's cached tokens.
+        visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_query)`, *optional*, on the CPU): which
+            query slots each slot attends to; `None` for chains.
+        num_verified (`list[int]`): per row, the slots that are verified: the pending token and the draft's nodes.
+    """
+
+    input_ids: torch.LongTensor
+    valid: torch.BoolTensor
+    offsets: torch.LongTensor
+    visible: torch.BoolTensor | None
+    num_verified: list[int]
+
+    @classmethod
+    def chain(cls, input_ids: torch.LongTensor, valid: torch.BoolTensor) -> "Query":
+        """A query of chains: row i's tokens are its slots that `valid` `(batch_size, num_query)` marks, in order
+        (a prefill, or a draft model's forward)."""
+        offsets = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        return cls(input_ids, valid, offsets, None, valid.sum(dim=1).tolist())
+
+    @classmethod
+    def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int) -> "Query":
+        """The verification query of a step: each row's pending token `pending[i]` (shape `(batch_size,)`), its
+        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row."""
+        widths = [1 + draft.num_nodes + draft.num_extra for draft in drafts]
+        num_query, batch_size = max(widths), len(drafts)
+        input_ids = torch.full((batch_size, num_query), pad_token_id, dtype=torch.long, device=pending.device)
+        input_ids[:, 0] = pending
+        valid = torch.arange(num_query) < torch.tensor(widths)[:, None]
+        trees = any(not draft.is_chain or draft.num_extra for draft in drafts)
+        offsets = torch.zeros(batch_size, num_query, dtype=torch.long)
+        visible = torch.zeros(batch_size, num_query, num_query, dtype=torch.bool) if trees else None
+        for i, draft in enumerate(drafts):
+            n = draft.num_nodes
+            input_ids[i, 1 : 1 + n] = draft.token_ids
+            offsets[i, 1 : 1 + n] = draft.tree.depths.cpu() + 1
+            if visible is not None:
+                visible[i, :, 0] = True  # every slot sees the pending token
+                visible[i, 1 : 1 + n, 1 : 1 + n] = draft.tree.ancestors.cpu()
+            if draft.num_extra:
+                extra = slice(1 + n, widths[i])
+                input_ids[i, extra] = draft.extra_token_ids
+                offsets[i, extra] = draft.extra_offsets.cpu()
+                visible[i, extra, : widths[i]] = draft.extra_visible.cpu()
+        if visible is not None:
+            visible &= valid[:, None, :]
+        return cls(input_ids, valid, offsets, visible, [1 + draft.num_nodes for draft in drafts])
+
+
+@functools.cache
+def _takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
+
+
+def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = None) -> torch.FloatTensor:
+    """Runs the causal LM `model` over `query` after `cache` (whose rows are the query's rows) and returns logits.
+
+    Every row sees its own tokens at its own positions (`RaggedCache.query_inputs`): one row with a chain runs with
+    the model's own causal mask, chains of several rows with a 2D padding mask, token trees and unverified tokens
+    with a 4D float additive mask. The caller then says which new slots each row keeps (`RaggedCache.append`).
+
+    Args:
+        model (`PreTrainedModel`): a causal LM.
+        cache (`RaggedCache`): its cache.
+        query (`Query`): the new slots.
+        num_logits (`int`, *optional*): how many slots' logits to compute, from the end (default: all).
+
+    Returns:
+        `torch.FloatTensor` of shape `(batch_size, num_logits or num_query, vocab_size)`.
+    """
+    input_ids = query.input_ids
+    attention_mask, position_ids = cache.query_inputs(query, model.dtype)
+    extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
+    return model(
+        input_ids=input_ids, past_key_values=cache.cache, use_cache=True,
+        attention_mask=None if attention_mask is None else attention_mask.to(input_ids.device),
+        position_ids=position_ids.to(input_ids.device), **extra,
+    ).logits
