@@ -5,9 +5,10 @@ from transformers import GenerationConfig
 
 from .drafters import Drafter
 
-# attention implementations that take the loop's custom masks (4D additive for token trees and unverified tokens,
-# 2D with holes for ragged batches); others (flash_attention_2/3, paged kernels) serve one row of chains only
-CUSTOM_MASK_ATTENTION = ("eager", "sdpa", "flex_attention")
+# attention implementations verified with the loop's custom masks (4D additive for token trees and unverified tokens,
+# 2D with holes for ragged batches); others (flash_attention_2/3, paged kernels; flex_attention, whose CPU kernel
+# torch 2.13 cannot compile, so it is unverified) serve one row of chains only, with the model's own causal mask
+CUSTOM_MASK_ATTENTION = ("eager", "sdpa")
 
 
 def left_padding(attention_mask: torch.LongTensor | None, input_ids: torch.LongTensor) -> list[int]:

@@ -104,7 +104,9 @@ def generate(
             (with their `attention_mask`): one `SpeculativeLoop` serves both, each row verified on its
             own, every row exactly its own plain output (greedy) or lossless (sampling).
         logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
-        synced_gpus (`bool`): must be `False`: multi-GPU synchronisation is not supported (a clear error).
+        synced_gpus (`bool`): must be `False`: multi-GPU synchronisation is not supported (a clear error; transformers
+            drops `synced_gpus=` before calling a custom generate callable, so it is caught by `enable(model)`'s
+            wrapper).
         candidate_generator (`Drafter`): the drafter, e.g. `PromptLookupDrafter()` or `DraftModelDrafter(draft)`.
             Required unless `speculative_config` is given.
         verifier (`str` or `Verifier`, *optional*): `"exact"`, `"rejection"` or a `Verifier`; by default exact
@@ -217,7 +219,7 @@ def enable(model):
         The same `model`, for chaining.
 
     Raises:
-        `ValueError` (from the wrapper): `stop_strings=` without `tokenizer=`; `verifier=`, `generator=` or
+        `ValueError` (from the wrapper): `synced_gpus=True` with speculation; `stop_strings=` without `tokenizer=`; `verifier=`, `generator=` or
             `num_draft_tokens_schedule=` without `candidate_generator=` or `speculative_config=`.
     """
     if getattr(model.generate, "_hf_speculators_enabled", False):
@@ -227,7 +229,7 @@ def enable(model):
     @functools.wraps(plain_generate)
     def generate_with_speculation(*args, candidate_generator=None, speculative_config=None, verifier=None,
                                   generator=None, num_draft_tokens_schedule=None, streamer=None, tokenizer=None,
-                                  stopping_criteria=None, **kwargs):
+                                  stopping_criteria=None, synced_gpus=None, **kwargs):
         if candidate_generator is None and speculative_config is None:
             if verifier is not None or generator is not None or num_draft_tokens_schedule is not None:
                 raise ValueError(
@@ -235,7 +237,8 @@ def enable(model):
                     "speculative_config= to take effect."
                 )
             return plain_generate(*args, streamer=streamer, tokenizer=tokenizer, stopping_criteria=stopping_criteria,
-                                  **kwargs)
+                                  synced_gpus=synced_gpus, **kwargs)
+        check_synced_gpus(bool(synced_gpus))  # transformers would drop it before a custom generate callable
         custom = kwargs.pop("custom_generate", generate)
         if custom is not generate:
             raise ValueError(f"custom_generate={custom!r} cannot be combined with speculative decoding.")

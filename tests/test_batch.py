@@ -7,7 +7,7 @@ from transformers import DynamicCache, LogitsProcessorList, TopKLogitsWarper
 import hf_speculators as hs
 import hf_speculators.loop as loop
 from hf_speculators.cache import RaggedCache
-from hf_speculators.forward import forward_batch_logits
+from hf_speculators.query import Query, forward
 from batch_helpers import MAX_NEW_TOKENS, PAD, batched_generate, laid_out, left_padded, two_token_joint
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids
 from test_lossless import AlwaysAcceptVerifier, chi_square, chi_square_critical
@@ -155,17 +155,17 @@ def test_compaction_keeps_every_rows_next_logits(zoo):
     model = zoo.target("llama")
     ids = torch.arange(5, 20).view(3, 5)
     ragged = RaggedCache(DynamicCache(config=model.config), torch.zeros(3, 0, dtype=torch.bool), max_holes=10**6)
-    forward_batch_logits(model, ragged, ids, torch.ones(3, 5, dtype=torch.bool))
+    forward(model, ragged, Query.chain(ids, torch.ones(3, 5, dtype=torch.bool)))
     ragged.append(torch.arange(5) < torch.tensor([[2], [4], [5]]))  # rows keep 2, 4 and 5 of 5 slots
-    forward_batch_logits(model, ragged, ids[:, :3], torch.ones(3, 3, dtype=torch.bool))
+    forward(model, ragged, Query.chain(ids[:, :3], torch.ones(3, 3, dtype=torch.bool)))
     ragged.append(torch.arange(3) < torch.tensor([[1], [3], [2]]))
     assert ragged.lengths.tolist() == [3, 7, 7] and ragged.valid.shape[1] == 8  # holes inside every row but one
     next_ids, one = torch.tensor([[20], [21], [22]]), torch.ones(3, 1, dtype=torch.bool)
-    before = forward_batch_logits(model, ragged, next_ids, one)
+    before = forward(model, ragged, Query.chain(next_ids, one))
     ragged.append(torch.zeros(3, 1, dtype=torch.bool))  # forget that forward
     ragged.compact()
     assert ragged.valid.shape[1] == 7 and ragged.valid.sum().item() == 17
-    after = forward_batch_logits(model, ragged, next_ids, one)
+    after = forward(model, ragged, Query.chain(next_ids, one))
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
     # and both equal the rows decoded alone
     alone = [model(torch.tensor([seq])).logits[0, -1]
@@ -176,7 +176,7 @@ def test_compaction_keeps_every_rows_next_logits(zoo):
 def test_truncate_and_select_rows(zoo):
     model = zoo.target("llama")
     ragged = RaggedCache(DynamicCache(config=model.config), torch.zeros(3, 0, dtype=torch.bool))
-    forward_batch_logits(model, ragged, torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.bool))
+    forward(model, ragged, Query.chain(torch.arange(12).view(3, 4), torch.ones(3, 4, dtype=torch.bool)))
     ragged.append(torch.ones(3, 4, dtype=torch.bool))
     ragged.truncate(torch.tensor([4, 2, 3]))
     assert ragged.lengths.tolist() == [4, 2, 3]
@@ -184,7 +184,7 @@ def test_truncate_and_select_rows(zoo):
     assert ragged.lengths.tolist() == [2, 3] and ragged.valid.shape[1] == 3  # the all-hole slot was cropped
     assert ragged.cache.get_seq_length() == 3 and ragged.cache.layers[0].keys.shape[0] == 2
     assert ragged.rows == [1, 2] and ragged.keep_rows([1, 2]) == [0, 1]  # rows keep their batch index
-    logits = forward_batch_logits(model, ragged, torch.tensor([[50], [51]]), torch.ones(2, 1, dtype=torch.bool))
+    logits = forward(model, ragged, Query.chain(torch.tensor([[50], [51]]), torch.ones(2, 1, dtype=torch.bool)))
     alone = [model(torch.tensor([seq])).logits[0, -1] for seq in ([4, 5, 50], [8, 9, 10, 51])]
     torch.testing.assert_close(logits[:, -1], torch.stack(alone), rtol=1e-5, atol=1e-5)
     assert ragged.keep_rows([2]) == [1] and ragged.rows == [2] and ragged.lengths.tolist() == [3]
@@ -257,20 +257,10 @@ def test_the_sampling_test_catches_a_lossy_verifier(zoo):
 # ---------------------------------------------------------------- errors, all before any forward
 
 
-class CannotBatch(hs.Drafter):
-    name = "cannot-batch"
-
-    def __init__(self):
-        super().__init__(3)
-
-
 BATCH_ERRORS = {
     "right_padding": (dict(attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]])), r"needs left-padded prompts"),
     "holes": (dict(attention_mask=torch.tensor([[1, 0, 1], [1, 1, 1]])), r"needs left-padded prompts"),
     "empty_row": (dict(attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]])), r"each with at least one token"),
-    "drafter": (dict(candidate_generator=CannotBatch()), r"CannotBatch cannot draft for a batch"),
-    "tree": (dict(candidate_generator=hs.PromptLookupDrafter(3, num_candidates=2)),
-             r"num_candidates=2\) drafts token trees, which batch size > 1 does not support"),
     "streamer": (dict(speculative_streamer=object()), r"A streamer takes one sequence"),
     "scores": (dict(output_scores=True, return_dict_in_generate=True), r"output_scores and output_logits"),
     "no_pad": (dict(pad_token_id=None), r"needs pad_token_id"),

@@ -40,5 +40,5 @@ def test_generate_refuses_a_malformed_tree_draft(zoo):
 
 
 def test_a_drafter_must_implement_propose(zoo):
-    with pytest.raises(NotImplementedError, match="must implement propose"):
+    with pytest.raises(NotImplementedError, match="must implement draft_row or propose"):
         speculative_generate(zoo.target("llama"), prompt_ids("random"), hs.Drafter(2))
