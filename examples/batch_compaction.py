@@ -18,10 +18,11 @@ import time
 import torch
 
 from hf_speculators import PromptLookupDrafter
-from hf_speculators.batch_decoding import BatchedSpeculativeDecoding, left_padding
 from hf_speculators.bench_batches import row_new_ids
 from hf_speculators.benchmark import load_prompts
 from hf_speculators.cache import prepare_cache
+from hf_speculators.checks import left_padding
+from hf_speculators.loop import SpeculativeLoop
 from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.schedules import make_schedule
 from hf_speculators.verifiers import resolve_verifier
@@ -42,18 +43,16 @@ class CacheWidth:
 
 
 def batched_loop(drafter, max_holes: int, width: CacheWidth):
-    """A `custom_generate` callable: the batched loop of `hf_speculators.generate` with `max_holes` set, greedy and
-    exact, reporting the cache width after every step to `width`."""
+    """A `custom_generate` callable: the loop of `hf_speculators.generate` with `max_holes` set, greedy and exact,
+    reporting the cache width after every step to `width`."""
 
     def loop(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kwargs):
-        cache = prepare_cache(None, model.config)
-        generator = torch.Generator().manual_seed(0)
-        drafter.prepare(model, generation_config, logits_processor, generator, None, cache)
-        run = BatchedSpeculativeDecoding(model, drafter, resolve_verifier(None, False),
-                                         make_schedule("constant", drafter.num_draft_tokens), cache, generation_config,
-                                         logits_processor, stopping_criteria, generator,
-                                         generation_config.pad_token_id, max_holes=max_holes)
-        run.prefill(input_ids, left_padding(kwargs.get("attention_mask"), input_ids))
+        run = SpeculativeLoop(model, drafter, resolve_verifier(None, False),
+                              make_schedule("constant", drafter.num_draft_tokens), generation_config, logits_processor,
+                              stopping_criteria, torch.Generator().manual_seed(0),
+                              pad_token_id=generation_config.pad_token_id, max_holes=max_holes)
+        run.prefill(input_ids, left_padding(kwargs.get("attention_mask"), input_ids),
+                    prepare_cache(None, model.config))
         while not run.step():
             width.watch(run.cache)
         return run.output().sequences
