@@ -254,9 +254,9 @@ class SpeculativeConfig:
             token (`str`, *optional*): Hub token for private or gated repos.
 
         Raises:
-            `ValueError`: malformed YAML or JSON, no settings found, or invalid settings (naming the field).
+            `ValueError`: malformed YAML or JSON, no settings found, invalid settings (naming the field), or a name
+                that is neither local nor bundled and whose Hub repo cannot be read (listing the bundled presets).
             `FileNotFoundError`: a local path that does not exist.
-            `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
         """
         return cls.from_dict(presets.read_settings(str(repo_id_or_path), revision=revision, token=token))
 
