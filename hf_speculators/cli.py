@@ -105,8 +105,12 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
     parser.add_argument("--threads", type=POSITIVE_INT, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
     _add_chat_options(parser)
-    parser.add_argument("--verbose", action="store_true",
-                        help="let third-party logs, warnings and loading bars through (hidden by default)")
+    _add_verbose_option(parser)
+
+
+def _add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true", help="let third-party logs, warnings and loading bars through (hidden by default), "
+                                         "and show an error's traceback")
 
 
 def _add_chat_options(parser: argparse.ArgumentParser) -> None:
@@ -140,9 +144,9 @@ def _add_verifier_option(parser: argparse.ArgumentParser, default: str) -> None:
 def _verifier(args) -> str | None:
     """`--verifier`, or its deprecated spelling `--verification` (with a warning)."""
     if args.verification_alias is not None:
-        print(f"hf-speculators {args.command}: warning: --verification is deprecated, use --verifier.", file=sys.stderr)
         if args.verifier not in (None, args.verification_alias):
             raise ValueError("--verifier and its deprecated spelling --verification disagree: pass --verifier only.")
+        print(f"hf-speculators {args.command}: warning: --verification is deprecated, use --verifier.", file=sys.stderr)
     return args.verifier or args.verification_alias
 
 
@@ -287,12 +291,14 @@ def _add_plot(commands) -> None:
     plot = commands.add_parser("plot", help="draw a saved bench run (its JSONL records)")
     plot.add_argument("records", help="the JSONL file of hf-speculators bench --out")
     plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
+    _add_verbose_option(plot)
     plot.set_defaults(run=run_plot)
 
 
 def _add_presets(commands) -> None:
     presets = commands.add_parser("presets", help="list the bundled presets (model cards) and their measured speed")
     presets.set_defaults(run=run_presets)
+    _add_verbose_option(presets)
     show = presets.add_subparsers(dest="presets_command").add_parser("show", help="print a preset's whole card")
     show.add_argument("name", help="a bundled preset (hf-speculators presets lists them)")
     show.set_defaults(run=run_presets_show)
@@ -302,6 +308,7 @@ def _add_export(commands) -> None:
     export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
     export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
+    _add_verbose_option(export)
     export.set_defaults(run=run_export)
 
 

@@ -9,6 +9,7 @@ from . import presets
 from .build import VERIFIER_PARAMS, build
 from .drafters import DRAFTERS, tree_shape
 from .drafters.prompt_lookup import MATCH_RULES
+from .folders import write_folder
 from .quantization import QUANTIZATIONS
 from .schedules import SCHEDULES
 from .speculators_format import SPECULATORS_TYPES
@@ -261,12 +262,17 @@ class SpeculativeConfig:
         return cls.from_dict(presets.read_settings(str(repo_id_or_path), revision=revision, token=token))
 
     def save_pretrained(self, save_directory: str | Path) -> Path:
-        """Writes a Hub-style model card (`README.md`) holding this config; returns its path."""
+        """Writes a Hub-style model card (`README.md`) holding this config into `save_directory` (created if
+        needed), all at once (`hf_speculators.folders.write_folder`: an interrupted save leaves nothing half-written);
+        returns its path.
+
+        Raises:
+            `NotADirectoryError`: `save_directory` is a file.
+        """
         directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "README.md"
-        path.write_text(presets.card_text(self, name=directory.resolve().name), encoding="utf-8")
-        return path
+        text = presets.card_text(self, name=directory.resolve().name)
+        write_folder(directory, lambda folder: (folder / "README.md").write_text(text, encoding="utf-8"))
+        return directory / "README.md"
 
     def push_to_hub(self, repo_id: str, token: str | None = None, private: bool | None = None,
                     commit_message: str = "Upload speculative decoding preset"):

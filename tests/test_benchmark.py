@@ -321,3 +321,24 @@ def test_cli_variants_parse():
     assert args.variants == [(1, "constant"), (2, "constant"), (6, "goodput")]
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--variants", "goodput:x"])
+
+
+# ---------------------------------------------------------------- half precision: near-ties apart from mismatches
+
+
+@pytest.mark.parametrize("dtype, tied, expected", [(torch.bfloat16, True, "near-tie"), (torch.bfloat16, False, "mismatch"),
+                                                    (torch.float32, True, "mismatch")])
+def test_a_first_divergence_at_a_near_tie_is_not_a_mismatch_in_half_precision(dtype, tied, expected):
+    model = tiny_llama(2, seed=0).to(dtype)
+    prompt = torch.tensor([[5, 6, 7]])
+    logits = model(prompt).logits[0, -1]
+    best, second = logits.float().topk(2).indices.tolist()
+    if tied:  # the second-best token's output row made the best's: their logits tie exactly
+        with torch.no_grad():
+            model.lm_head.weight[second] = model.lm_head.weight[best]
+    batch = benchmark.Batch([0], prompt, None, [3], [False])
+    plain = benchmark._Run(torch.tensor([best, 9]), 1.0, 2, 0.5, None)
+    other = benchmark._Run(torch.tensor([second, 9]), 1.0, 2, 0.5, None)
+    assert benchmark._divergence(model, batch, 0, other, plain, exact=True) == expected
+    assert benchmark._divergence(model, batch, 0, plain, plain, exact=True) is None
+    assert benchmark._divergence(model, batch, 0, other, plain, exact=False) is None
