@@ -148,6 +148,11 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
+        for name in ("method", "num_draft_tokens_schedule", "prefer", "draft_quantization", "verification"):
+            if name != "method" and getattr(self, name) is None:
+                continue
+            if not isinstance(getattr(self, name), str):
+                _fail(name, "a name (a string)", getattr(self, name))
         for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k",
                      "draft_vocab_size"):
             _check_int(name, getattr(self, name))
