@@ -117,12 +117,12 @@ def padding_overhead(records: list[dict]) -> dict[str, float] | None:
         `{"prompt_padding": share of prompt slots that are left padding, "finished_rows": share of plain batched
         decoding's row-steps spent on rows that had already finished}`.
     """
-    plain = [r for r in records if r["method"] == "plain" and "batch_index" in r]
-    if not plain:
-        return None
     batches: dict[int, list[dict]] = {}
-    for record in plain:
+    for record in (r for r in records if r["method"] == "plain" and "batch_index" in r):
         batches.setdefault(record["batch_index"], []).append(record)
+    if all(len(rows) == 1 for rows in batches.values()):
+        return None
+    plain = [r for rows in batches.values() for r in rows]
     pads = sum(r["batch_pad_tokens"] for rows in batches.values() for r in rows[:1])
     prompt_slots = pads + sum(r["prompt_tokens"] for r in plain)
     row_steps = sum(len(rows) * max(r["new_tokens"] for r in rows) for rows in batches.values())

@@ -10,7 +10,8 @@ Record format (one JSON object per line, one line per (prompt, method), every li
 
     question_id, prompt_index, category, method   which prompt (`prompt_index`: 0-based position in `prompts`)
     exact                                         whether the method is meant to reproduce plain greedy output
-                                                  (False under a relaxed verifier: typical, top_k)
+                                                  (False under a relaxed verifier: typical, top_k, and under
+                                                  sampling, where outputs are not compared)
     prompt_tokens, truncated                      prompt length in tokens after truncation; whether it was cut
     new_tokens, seconds, tokens_per_s             tokens generated, wall-clock seconds of the generate call
     identical_to_plain                            whether the generated ids equal plain greedy decoding's
@@ -23,12 +24,19 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     drafter, verifier, draft_lengths, num_steps_without_draft
                                                   `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
+    divergence                                    for an exact method whose output differs from plain greedy
+                                                  decoding's: "near-tie" (half precision, the target's top-2 logits
+                                                  at the first differing token closer than the dtype's resolution)
+                                                  or "mismatch"; null otherwise
+    batch_index, batch_rows, batch_seconds,       the batch (0-based), its rows, the call's wall-clock seconds, its
+    batch_pad_tokens                              prompts' left padding slots (batch_size=1: one row, no padding)
     provenance                                    the run: git commit, versions, device, dtype, threads, models and
-                                                  their quantization configs, settings (`batch_size` among them;
-                                                  `skipped_methods`: method -> why it cannot run a batch) and
-                                                  timestamp (the same object on every line)
+                                                  their quantization configs, and `run`: the methods' configs, the
+                                                  settings (`BenchSettings`), the prompts' fingerprint and
+                                                  `skipped_methods` (method -> why it cannot run a batch), which a
+                                                  resumed run must share; timestamp (the same object on every line)
 
-With `batch_size > 1` a record is still one row (prompt) of one method, with these changes and additions:
+With `batch_size > 1` a record is still one row (prompt) of one method, with these changes:
 
     new_tokens                                    the row's own new tokens, up to its first EOS (not the padding)
     seconds, forward_seconds                      the batch call's seconds divided by its number of rows, so that
@@ -37,28 +45,36 @@ With `batch_size > 1` a record is still one row (prompt) of one method, with the
     num_target_forwards                           the batch call's forwards (shared by its rows)
     draft_time, verify_time                       the batch call's, divided by its number of rows; the other
                                                   `SpeculativeStats` figures are the row's own (`row_stats`)
-    batch_index, batch_rows, batch_seconds,       the batch (0-based), its rows, the call's wall-clock seconds, its
-    batch_pad_tokens                              prompts' left padding slots
+
+Records are written as soon as each is measured, so an interrupted run leaves a valid JSONL file of what it
+measured; `BenchSettings(resume=True)` (`bench --resume`) continues it.
 """
 
+from __future__ import annotations
+
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from itertools import zip_longest
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
+from .methods import LOADED_DRAFT
 from .bench_batches import Batch, batch_skip_reason, make_batches, pad_token, padding_overhead, row_new_ids, row_stats
+from .build import build_drafter, build_verifier
 from .chat import encode_prompt, use_chat_template
+from .config import SpeculativeConfig
 from .decoding import generate
 from .drafters import LayerSkipDrafter
 from .layers import DecoderLayers
@@ -75,6 +91,11 @@ EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
 METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS,
            *speculative_methods.HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
+# transformers' own methods, run as baselines: name -> the config method they correspond to
+TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
+                        "hf-early-exit": "layer-skip"}
+TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
+ENGINES = ("hf_speculators", "transformers")
 # where our drafters keep the module that drafts: DraftModelDrafter's draft model, EagleDrafter's head, MedusaDrafter's
 DRAFT_MODULE_ATTRIBUTES = ("draft_model", "head", "heads")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
@@ -187,16 +208,20 @@ class BenchmarkResult:
         mismatches (`list[dict]`): the records of exact methods whose output differs from plain greedy decoding.
         skipped (`dict[str, str]`): methods that did not run, and why (with `batch_size > 1`: those that cannot
             run a batch).
+        near_ties (`list[dict]`): the records of exact methods whose half-precision output first differs from plain
+            greedy decoding's at a near-tie of the target's top-2 logits (not failures).
     """
 
     records: list[dict]
     summary: dict[str, dict[str, dict]]
     mismatches: list[dict]
     skipped: dict[str, str] = field(default_factory=dict)
+    near_ties: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """`True` when every exact method reproduced plain greedy decoding on every prompt (exit status 0)."""
+        """`True` when every exact method reproduced plain greedy decoding on every prompt, near-ties in half
+        precision aside (exit status 0)."""
         return not self.mismatches
 
     def table(self) -> str:
@@ -308,41 +333,20 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _check_methods(methods: Sequence[str], draft, exit_layer: int | None, heads: dict) -> list[str]:
-    """Returns the methods to run in canonical order, `plain` included; raises `ValueError` for bad names or
-    methods without what they need (`heads`: option name -> draft head checkpoint)."""
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
-    chosen = [m for m in METHODS if m == "plain" or m in methods]
-    needs_draft = [m for m in chosen if m in DRAFT_MODEL_METHODS]
-    if needs_draft and draft is None:
-        raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= or drop them from methods.")
-    needs_exit = [m for m in chosen if m in EXIT_LAYER_METHODS]
-    if needs_exit and exit_layer is None:
-        raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
-    for method in chosen:
-        option = speculative_methods.HEAD_METHODS.get(method)
-        if option is not None and heads.get(option) is None:
-            raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
-    return chosen
-
-
-def _generate_kwargs(method: str, target, draft, num_draft_tokens: int, max_ngram_size: int, verifier, schedule,
-                     drafter_options) -> dict:
-    """The `model.generate` keywords that select `method` (greedy decoding and lengths are added by the caller)."""
-    if method == "hf-prompt-lookup":
-        return {"prompt_lookup_num_tokens": num_draft_tokens, "max_matching_ngram_size": max_ngram_size}
-    if method == "hf-assisted":
-        return {"assistant_model": draft}  # its number of tokens, schedule and threshold: _pinned_assistant_config
-    if method == "hf-early-exit":  # the target is its own assistant: pinned on the target's config
-        return {"assistant_early_exit": drafter_options["exit_layer"]}
-    if method in speculative_methods.METHODS:
-        drafter = speculative_methods.make_drafter(method, draft, num_draft_tokens=num_draft_tokens,
-                                                   max_ngram_size=max_ngram_size, target=target, **drafter_options)
-        return {"custom_generate": generate, "candidate_generator": drafter, "verifier": verifier,
-                "num_draft_tokens_schedule": schedule}
-    return {}
+def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool) -> dict:
+    """The `model.generate` keywords that select `method` (decoding mode and lengths are added by the caller)."""
+    config = method.config
+    if method.engine == "transformers":
+        return {
+            "prompt-lookup": {"prompt_lookup_num_tokens": config.resolved("num_draft_tokens"),
+                              "max_matching_ngram_size": config.resolved("max_ngram_size")},
+            "draft-model": {"assistant_model": draft},  # its tokens, schedule and threshold: _pinned_assistant_config
+            "layer-skip": {"assistant_early_exit": config.exit_layer},  # the target is its own assistant
+        }[config.method]
+    loaded = {"draft_model": draft} if config.draft_model == LOADED_DRAFT else {}
+    verifier = resolve_verifier(build_verifier(config), do_sample)
+    return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, **loaded),
+            "verifier": verifier, "num_draft_tokens_schedule": check_schedule(config.num_draft_tokens_schedule)}
 
 
 def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
@@ -353,10 +357,10 @@ def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
     return f"{method}[{schedule},k{'<=' if schedule == 'goodput' else '='}{num_draft_tokens}]"
 
 
-def _variants(method: str, num_draft_tokens: int, schedule: str, variants) -> list[tuple[str, int, str]]:
-    """`(name, num_draft_tokens, schedule)` of each run of `method`: one per variant for our methods when
-    `variants` is given, else the method itself with the run's settings."""
-    if variants is None or method not in speculative_methods.METHODS:
+def _variants(method: str, num_draft_tokens: int, schedule: str | None, variants) -> list[tuple[str, int, str | None]]:
+    """`(label, num_draft_tokens, schedule)` of each run of our `method`: one per variant when `variants` is given,
+    else the method itself with the run's settings."""
+    if variants is None:
         return [(method, num_draft_tokens, schedule)]
     return [(variant_label(method, k, check_schedule(name)), k, name) for k, name in variants]
 
@@ -451,15 +455,17 @@ def _forward_timer(target, modules: list):
             hook.remove()
 
 
-def _timed_generate(target, batch: Batch, generate_kwargs: dict, max_new_tokens: int) -> list[_Run]:
-    """One greedy generate call on a batch of prompts, timed, with its model forwards measured; one `_Run` per row,
-    each with the row's own new tokens and an even share of the call's seconds (`bench_batches`)."""
+def _timed_generate(target, batch: Batch, generate_kwargs: dict, settings: BenchSettings) -> list[_Run]:
+    """One generate call on a batch of prompts (greedy or sampled as `settings` say, from `settings.seed`), timed,
+    with its model forwards measured; one `_Run` per row, each with the row's own new tokens and an even share of
+    the call's seconds (`bench_batches`)."""
     rows = len(batch.indices)
     padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
                                                        "pad_token_id": batch.pad_token_id}
+    torch.manual_seed(settings.seed)
     with _forward_timer(target, _timed_modules(target, generate_kwargs)) as forwards:
         start = clock(target.device)
-        output = target.generate(batch.input_ids, max_new_tokens=max_new_tokens, do_sample=False,
+        output = target.generate(batch.input_ids, max_new_tokens=settings.max_new_tokens, **settings.sampling(),
                                  return_dict_in_generate=True, **padding, **generate_kwargs)
         seconds = clock(target.device) - start
     stats = getattr(output, "speculative_stats", None)
@@ -468,10 +474,10 @@ def _timed_generate(target, batch: Batch, generate_kwargs: dict, max_new_tokens:
                  row_stats(stats, row, rows)) for row, ids in enumerate(new_ids)]
 
 
-def _timed_generate_one(target, input_ids: torch.LongTensor, generate_kwargs: dict, max_new_tokens: int) -> _Run:
+def _timed_generate_one(target, input_ids: torch.LongTensor, generate_kwargs: dict, settings: BenchSettings) -> _Run:
     """`_timed_generate` on one prompt `(1, prompt_tokens)`, unpadded."""
     batch = Batch([0], input_ids, None, [input_ids.shape[1]], [False])
-    return _timed_generate(target, batch, generate_kwargs, max_new_tokens)[0]
+    return _timed_generate(target, batch, generate_kwargs, settings)[0]
 
 
 def _encode(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
@@ -509,7 +515,9 @@ def _model_name(model) -> str | None:
     return None if model is None else (getattr(model, "name_or_path", "") or type(model).__name__)
 
 
-def _provenance(target, draft, methods, settings: dict) -> dict:
+def _provenance(target, draft, run: dict) -> dict:
+    """The run's provenance, the same object on every record: versions, device, models, and `run` (the methods,
+    settings and prompts' fingerprint that a resumed run must share)."""
     from . import __version__
 
     return {
@@ -525,25 +533,25 @@ def _provenance(target, draft, methods, settings: dict) -> dict:
         "draft": _model_name(draft),
         "target_quantization": quantization_settings(target),
         "draft_quantization": None if draft is None else quantization_settings(draft),
-        "methods": methods,
-        **settings,
-        "hf_assisted_config": {"num_assistant_tokens": settings["num_draft_tokens"], **PINNED_ASSISTANT_CONFIG},
+        "assistant_config": PINNED_ASSISTANT_CONFIG,
+        "run": run,
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, prompt_tokens: int, truncated: bool,
-            provenance: dict, batch: dict) -> dict:
-    """One (prompt, method) record (module docstring); `batch`: the batch fields (empty for batch size 1)."""
+def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, batch: Batch, row: int,
+            batch_index: int, provenance: dict, sampled: bool) -> dict:
+    """One (prompt, method) record (module docstring) of row `row` of batch `batch_index`."""
     stats = run.stats.to_dict() if run.stats is not None else {}
     return {
         "question_id": prompt.question_id,
         "prompt_index": index,
         "category": prompt.category,
         "method": method,
-        "exact": run.stats is None or run.stats.lossless,  # greedy: lossless methods must reproduce plain greedy
-        "prompt_tokens": prompt_tokens,
-        "truncated": truncated,
+        # greedy: lossless methods must reproduce plain greedy token for token; sampled outputs are not compared
+        "exact": not sampled and (run.stats is None or run.stats.lossless),
+        "prompt_tokens": batch.prompt_tokens[row],
+        "truncated": batch.truncated[row],
         "new_tokens": len(run.new_ids),
         "seconds": run.seconds,
         "tokens_per_s": len(run.new_ids) / run.seconds,
@@ -551,198 +559,409 @@ def _record(prompt: Prompt, index: int, method: str, run: _Run, plain: _Run, pro
         "num_target_forwards": run.num_target_forwards,
         "forward_seconds": run.forward_seconds,
         **{name: stats.get(name) for name in STATS_FIELDS},
-        **batch,
+        **_batch_fields(batch_index, batch, run),
         "provenance": provenance,
     }
 
 
-def run_benchmark(
-    target,
-    draft,
-    tokenizer,
-    prompts: Sequence[Prompt | str],
-    methods: Sequence[str] = DEFAULT_METHODS,
-    max_new_tokens: int = 128,
-    num_draft_tokens: int = 5,
-    out_path: str | Path | None = None,
-    *,
-    max_ngram_size: int = 2,
-    max_prompt_tokens: int = 1024,
-    chat_template: bool | None = False,
-    system_prompt: str | None = None,
-    num_threads: int | None = 1,
-    verbose: bool = True,
-    verifier: str | None = None,
-    prefer: str | None = None,
-    num_candidates: int | None = None,
-    tree_top_k: int | None = None,
-    tree_nodes: int | None = None,
-    exit_layer: int | None = None,
-    confidence_threshold: float | None = None,
-    draft_vocab=None,
-    eagle_head: str | None = None,
-    medusa_head: str | None = None,
-    num_draft_tokens_schedule: str | None = None,
-    variants: Sequence[tuple[int, str]] | None = None,
-    batch_size: int = 1,
-) -> BenchmarkResult:
-    """Runs plain greedy decoding and speculative methods on the same prompts and compares them.
+@torch.no_grad()
+def _divergence(target, batch: Batch, row: int, run: _Run, plain: _Run, exact: bool) -> str | None:
+    """Where an exact method's output differs from plain decoding's: `"near-tie"` when, at the first differing
+    token, the target's top-2 logits are closer than its dtype's resolution (`torch.finfo(dtype).eps` times their
+    magnitude; half precision only: a (k+1)-token forward is not bit-identical to k+1 one-token forwards there),
+    else `"mismatch"`; `None` when the outputs are identical or the method is not exact."""
+    if not exact or torch.equal(run.new_ids, plain.new_ids):
+        return None
+    if target.dtype in (torch.float32, torch.float64):
+        return "mismatch"  # full precision stays exact: any difference is a mismatch
+    length = min(len(run.new_ids), len(plain.new_ids))
+    first = int((run.new_ids[:length] != plain.new_ids[:length]).int().argmax()) if length else 0
+    if length and bool((run.new_ids[:length] == plain.new_ids[:length]).all()):
+        return "mismatch"  # one output stops early (EOS) where the other goes on
+    prompt = batch.input_ids[row]
+    if batch.attention_mask is not None:
+        prompt = prompt[batch.attention_mask[row].bool()]
+    sequence = torch.cat([prompt, plain.new_ids[:first].to(prompt.device)])[None]
+    logits = target(input_ids=sequence).logits[0, -1]  # [vocab], in the target's dtype
+    top = logits.topk(2).values.float()
+    resolution = torch.finfo(logits.dtype).eps * float(top.abs().max())
+    return "near-tie" if float(top[0] - top[1]) <= resolution else "mismatch"
 
-    Each method is warmed up once on the first prompt; then, prompt by prompt, all methods run back to back,
-    each generate call timed with `time.perf_counter` (after a CUDA synchronize on GPU). Methods:
 
-    - `"plain"`: `target.generate(do_sample=False)`, the baseline, always run.
-    - `"hf-prompt-lookup"`: transformers' `prompt_lookup_num_tokens=num_draft_tokens`, `max_matching_ngram_size`.
-    - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size=max_ngram_size)` via `custom_generate`.
-    - `"prompt-lookup-tree"`: the same with `num_candidates` continuations merged into a token tree.
-    - `"hf-assisted"`: transformers' `assistant_model=draft` with `num_assistant_tokens=num_draft_tokens`, the
-      `"constant"` schedule and confidence threshold 0 (pinned on `draft.generation_config`, restored after).
-    - `"draft-model"`: `DraftModelDrafter(draft, num_draft_tokens)` via `custom_generate`.
-    - `"draft-model-tree"`: `TreeDrafter(draft, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
-      num_nodes=tree_nodes))` via `custom_generate` (EAGLE-2 dynamic tree).
-    - `"hf-early-exit"`: transformers' `assistant_early_exit=exit_layer`: the target drafts with its first
-      `exit_layer` layers and a separate draft cache, pinned like `"hf-assisted"` (on the target's config).
-    - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens)` via `custom_generate`: the same early
-      exit, writing into the target's own cache.
-    - `"self-draft-int8"`, `"self-draft-nf4"`, `"self-draft-int4"`, `"self-draft-fp8"`: `DraftModelDrafter.from_target(
-      target, quantization, num_draft_tokens=num_draft_tokens)` via `custom_generate`, a quantized copy of the
-      target as its draft (made once, before the warm-up; not in `DEFAULT_METHODS`).
-    - `"eagle3"`, `"eagle3-tree"`, `"medusa"`, `"medusa-tree"`: learned draft heads on the target's hidden states
-      from the checkpoints `eagle_head` and `medusa_head` (`EagleDrafter`, `MedusaDrafter`), a chain of
-      `num_draft_tokens` or a `DynamicTree` as for `"draft-model-tree"` (not in `DEFAULT_METHODS`).
+@dataclass(frozen=True)
+class BenchMethod:
+    """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
+    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`, `"hf-early-exit"`).
 
-    Our methods verify with `verifier`; under a relaxed one (`"typical"`, `"top_k"`) their records have
-    `exact=False` and a differing output is not a mismatch.
+    Attributes:
+        config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
+            `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
+            `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
+            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`).
+        engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
+
+    Raises:
+        `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
+    """
+
+    config: SpeculativeConfig
+    engine: str = "hf_speculators"
+
+    def __post_init__(self):
+        if not isinstance(self.config, SpeculativeConfig):
+            raise TypeError(f"BenchMethod.config must be a SpeculativeConfig, got {type(self.config).__name__}.")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
+        if self.engine == "transformers" and self.config.method not in TRANSFORMERS_KEYWORDS:
+            raise ValueError(f"transformers' assisted generation has no method {self.config.method!r}: choose one of "
+                             f"{sorted(TRANSFORMERS_KEYWORDS)}.")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How `run_benchmark` runs every method: lengths, sampling, prompts, threads and where records go.
 
     Args:
-        target (`PreTrainedModel`): the causal LM whose greedy output every method must reproduce.
-        draft (`PreTrainedModel`, *optional*): a smaller LM with the target's vocabulary, on the target's device;
-            needed by `"hf-assisted"` and `"draft-model"`.
-        tokenizer (`PreTrainedTokenizerBase`): the target's tokenizer.
-        prompts (`Sequence[Prompt | str]`): the prompts, e.g. from `load_prompts`; a string is `Prompt(text)`.
-        methods (`Sequence[str]`, defaults to `DEFAULT_METHODS`, all of `METHODS` but the exit-layer and self-draft
-            ones): the methods to compare; `"plain"` is added.
-        max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first).
-        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
-        out_path (`str` or `Path`, *optional*): JSONL file for the records (overwritten, one line per record,
-            written as each prompt finishes).
-        max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram matched by both prompt lookups.
-        max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so
-            that prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
+        max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first), >= 1.
+        max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so that
+            prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
+        batch_size (`int`, defaults to 1): prompts per generate call (see `run_benchmark`), >= 1.
+        do_sample (`bool`, defaults to `False`): sample instead of greedy decoding, every method alike. Under
+            sampling no output is compared token for token (records have `exact=False`): speed and acceptance are
+            what is measured.
+        temperature (`float`, defaults to 1.0), top_p (`float`, defaults to 1.0), top_k (`int`, defaults to 0: off):
+            the sampling warpers, as for `generate` (> 0, in (0, 1], >= 0).
+        seed (`int`, defaults to 0): `torch.manual_seed(seed)` before every generate call, so that every method of
+            a prompt starts from the same random state.
         chat_template (`bool`, *optional*, defaults to `False`): wrap each prompt as a user turn with the
             tokenizer's chat template (`add_generation_prompt=True`); `None`: when the tokenizer has one.
         system_prompt (`str`, *optional*): a system turn before each prompt (needs the chat template).
         num_threads (`int`, *optional*, defaults to 1): torch CPU threads during the run (restored afterwards);
             `None` leaves the setting alone.
-        verbose (`bool`, defaults to `True`): show a tqdm progress bar and print the summary table and any
-            mismatches to stdout.
-        verifier (`str`, *optional*): a name from `VERIFIERS` for our methods; default `"exact"`.
-        prefer (`str`, *optional*): our prompt lookups' match rule, `"latest"` or `"earliest"` (`None`: the
-            drafter's default, `"latest"`).
-        num_candidates, tree_top_k, tree_nodes (`int`, *optional*): `"prompt-lookup-tree"`'s continuations and
-            `"draft-model-tree"`'s `DynamicTree(top_k, num_nodes)`; `None` keeps the defaults (4; 4 and 24).
-        exit_layer (`int`, *optional*): the layers that draft for `"hf-early-exit"` and `"layer-skip"` (required
-            by them).
-        confidence_threshold (`float`, *optional*): adaptive draft length for the same two methods: drafting stops
-            after a token of lower draft probability (`LayerSkipDrafter(confidence_threshold=...)` and
-            transformers' `assistant_confidence_threshold`); `None` or 0 always drafts `num_draft_tokens`.
-        draft_vocab (`torch.LongTensor`, *optional*): `"layer-skip"`'s reduced draft vocabulary
-            (`LayerSkipDrafter(draft_vocab=...)`, e.g. from `hf_speculators.vocab.frequent_tokens`); records
-            give its size as `draft_vocab_size`.
-        eagle_head, medusa_head (`str`, *optional*): the draft head checkpoints (folder, demo id or Hub id) of
-            `"eagle3"` / `"eagle3-tree"` and `"medusa"` / `"medusa-tree"` (required by them).
-        num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (`"constant"`, the
-            default, `"heuristic"` or `"goodput"`, which takes `num_draft_tokens` as its bound); see
-            `hf_speculators.generate`.
-        variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our
-            methods then runs once per pair, side by side, named by `variant_label` (e.g. `draft-model[k=3]`,
-            `draft-model[goodput,k<=6]`); transformers' methods keep `num_draft_tokens`.
-        batch_size (`int`, defaults to 1): prompts per generate call. With B > 1 the prompts are grouped in order
-            into batches of B, left padded with the tokenizer's pad token (else its EOS token), and every method
-            runs once per batch against plain batched `generate()` on the same padded batch; methods that cannot
-            run a batch (transformers' assisted generation, drafters whose `check_batch_support` raises) are
-            skipped, with the reason in `BenchmarkResult.skipped`. Records stay one per (prompt, method) (see the
-            module docstring for the batch fields).
-
-    Returns:
-        `BenchmarkResult`: the records, the per-category summary and the mismatches; `result.ok` is `False` when
-        an exact method's output differed from plain greedy decoding (the CLI then exits non-zero).
+        verbose (`bool`, defaults to `True`): a tqdm progress bar, and the summary table and any mismatches printed.
+        out_path (`str` or `Path`, *optional*): JSONL file of the records, each written (and flushed) as soon as it
+            is measured, so that an interrupted run leaves a valid file of everything measured so far.
+        resume (`bool`, defaults to `False`): continue the run recorded in `out_path` (same methods, settings and
+            prompts): batches whose records are all there are kept and skipped, a batch cut short is run again.
 
     Raises:
-        `ImportError`: a self-draft method whose quantization library is not installed.
-        `ValueError`: for an unknown method or verifier, a draft method without `draft`, an exit-layer method
-            without `exit_layer`, an unknown `num_draft_tokens_schedule`, a self-draft method that cannot quantize
-            `target` (see
-            `DraftModelDrafter.from_target`), no prompts, a size below 1
-            (`max_new_tokens`, `num_draft_tokens`, `max_prompt_tokens`, `max_ngram_size`, `batch_size`), a batch
-            size above 1 with a tokenizer that has neither a pad nor an EOS token, `chat_template=True`
-            or `system_prompt` without a chat template (see `hf_speculators.chat.use_chat_template`), a prompt of no tokens, or `max_new_tokens` at or over the position limit.
+        `ValueError`: a value out of range or of the wrong type, naming the field.
     """
-    methods = _check_methods(methods, draft, exit_layer, {"eagle_head": eagle_head, "medusa_head": medusa_head})
-    chat_template = use_chat_template(tokenizer, chat_template, system_prompt)
+
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 1024
+    batch_size: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat_template: bool | None = False
+    system_prompt: str | None = None
+    num_threads: int | None = 1
+    verbose: bool = True
+    out_path: str | Path | None = None
+    resume: bool = False
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "num_threads"):
+            value = getattr(self, name)
+            if (value is not None or name != "num_threads") and not _is_int(value, low=1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not _is_int(self.top_k, low=0) or not _is_int(self.seed, low=0):
+            raise ValueError(f"top_k and seed must be integers >= 0, got {self.top_k!r} and {self.seed!r}.")
+        if not _is_number(self.temperature) or not self.temperature > 0:
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature!r}.")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}.")
+        for name in ("do_sample", "verbose", "resume"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        if self.resume and self.out_path is None:
+            raise ValueError("resume=True continues the records of out_path: set out_path as well.")
+
+    def sampling(self) -> dict:
+        """The `generate` keywords of the decoding mode: greedy, or sampling with its warpers."""
+        if not self.do_sample:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+    def recorded(self) -> dict:
+        """The settings that define the measurements (those a resumed run must share), for the provenance."""
+        return {name: value for name, value in asdict(self).items() if name not in ("verbose", "out_path", "resume")}
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def named_methods(
+    names: Sequence[str],
+    *,
+    variants: Sequence[tuple[int, str]] | None = None,
+    num_draft_tokens: int = 5,
+    max_ngram_size: int = 2,
+    verification: str | None = None,
+    num_draft_tokens_schedule: str | None = None,
+    draft_model: str | None = None,
+    **options,
+) -> dict[str, BenchMethod]:
+    """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
+    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.methods.METHODS`.
+
+    Args:
+        names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
+        variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
+            then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); the baselines keep
+            `num_draft_tokens`.
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
+        max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
+        verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
+            decoding, rejection when sampling.
+        num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (default `"constant"`).
+        draft_model (`str`, *optional*): the draft model's name or path (`run_benchmark(draft=...)` passes the loaded
+            one); default `"<loaded draft model>"`.
+        **options: the other arguments of `hf_speculators.methods.method_config` (`prefer`, `num_candidates`,
+            `tree_top_k`, `tree_nodes`, `exit_layer`, `confidence_threshold`, `draft_vocab`, `draft_vocab_size`,
+            `eagle_head`, `medusa_head`).
+
+    Returns:
+        `dict[str, BenchMethod]`: benchmark label -> method.
+
+    Raises:
+        `ValueError`: an unknown name (listing `METHODS`), an exit-layer method without `exit_layer`, a head method
+            without its checkpoint, or settings a config refuses (naming the field).
+    """
+    unknown = sorted(set(names) - set(METHODS))
+    if unknown:
+        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
+    draft_model = draft_model or LOADED_DRAFT
+    needs_exit = [m for m in names if m in EXIT_LAYER_METHODS]
+    if needs_exit and options.get("exit_layer") is None:
+        raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
+    for method in names:
+        option = speculative_methods.HEAD_METHODS.get(method)
+        if option is not None and options.get(option) is None:
+            raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
+    chosen = {}
+    for method in (m for m in METHODS if m in names and m != "plain"):
+        if method in TRANSFORMERS_METHODS:
+            config = _transformers_config(method, num_draft_tokens, max_ngram_size, draft_model, options)
+            chosen[method] = BenchMethod(config, engine="transformers")
+            continue
+        for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
+            config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
+                                                       max_ngram_size=max_ngram_size, **options)
+            extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
+            chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
+    return chosen
+
+
+def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int, draft_model: str,
+                         options: dict) -> SpeculativeConfig:
+    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`)."""
+    if method == "hf-prompt-lookup":
+        return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
+    if method == "hf-assisted":
+        return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
+    return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
+                             confidence_threshold=options.get("confidence_threshold"))
+
+
+def run_benchmark(
+    target,
+    tokenizer,
+    prompts: Sequence[Prompt | str],
+    methods: Mapping[str, BenchMethod | SpeculativeConfig],
+    settings: BenchSettings | None = None,
+    draft=None,
+) -> BenchmarkResult:
+    """Runs plain decoding and each method on the same prompts and compares them.
+
+    Each method is warmed up once on the first batch; then, batch by batch (prompt by prompt for `batch_size=1`),
+    all methods run back to back, plain first, each generate call timed with `time.perf_counter` (after a CUDA
+    synchronize on GPU) from the same seed. Under greedy decoding every lossless method must reproduce plain
+    greedy decoding token for token; in half precision a first divergence at a near-tie (the target's top-2
+    logits there closer than the dtype's resolution) is reported apart from a real mismatch (`BenchmarkResult`).
+    `named_methods` gives the methods of the command line's names.
+
+    Methods given as a `SpeculativeConfig` (or `BenchMethod(config)`) run through `custom_generate` with the
+    drafter `build_drafter` makes (a draft-model method uses `draft` when given, else loads `config.draft_model`),
+    the config's verification (default: exact for greedy decoding, rejection when sampling) and its draft-length
+    schedule (default constant). `BenchMethod(config, engine="transformers")` runs transformers' assisted
+    generation with the config's `num_draft_tokens`, pinned to the `"constant"` schedule and confidence threshold
+    0 (on `draft.generation_config`, restored after) so that the comparison is fair.
+
+    Args:
+        target (`PreTrainedModel`): the causal LM whose output every lossless method must reproduce.
+        tokenizer (`PreTrainedTokenizerBase`): the target's tokenizer.
+        prompts (`Sequence[Prompt | str]`): the prompts, e.g. from `load_prompts`; a string is `Prompt(text)`.
+        methods (`Mapping[str, BenchMethod | SpeculativeConfig]`): label -> method; `"plain"` is added first.
+        settings (`BenchSettings`, *optional*): lengths, sampling, prompts, threads and records; defaults to
+            `BenchSettings()`.
+        draft (`PreTrainedModel`, *optional*): a loaded draft model with the target's vocabulary, on the target's
+            device, for the draft-model methods and transformers' `"hf-assisted"`.
+
+    Returns:
+        `BenchmarkResult`: the records (those of a resumed run included), the per-category summary, the mismatches
+        and near-ties; `result.ok` is `False` when a lossless method's greedy output really differed.
+
+    Raises:
+        `ImportError`: a method whose quantization library is not installed.
+        `ValueError`: no prompts, a label `"plain"`, a method that is not a config, a method whose `draft_model` is
+            `LOADED_DRAFT` or transformers' assisted method without `draft`, what `build_drafter` and `resolve_verifier` raise for a config, a batch size above 1
+            with a tokenizer that has neither a pad nor an EOS token, `chat_template=True` or `system_prompt`
+            without a chat template, a prompt of no tokens, `max_new_tokens` at or over the position limit, or
+            `resume` with a records file of another run.
+    """
+    settings = BenchSettings() if settings is None else settings
+    methods = {label: m if isinstance(m, BenchMethod) else BenchMethod(m) for label, m in methods.items()}
+    if "plain" in methods:
+        raise ValueError("'plain' is always run as the baseline: do not pass it among the methods.")
+    needs_draft = [label for label, m in methods.items() if m.config.draft_model == LOADED_DRAFT
+                   or (m.engine == "transformers" and m.config.method == "draft-model")]
+    if needs_draft and draft is None:
+        raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= (the loaded model) or drop them.")
+    chat_template = use_chat_template(tokenizer, settings.chat_template, settings.system_prompt)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to benchmark: pass at least one (see load_prompts).")
-    sizes = [("max_new_tokens", max_new_tokens), ("num_draft_tokens", num_draft_tokens),
-             ("max_prompt_tokens", max_prompt_tokens), ("max_ngram_size", max_ngram_size), ("batch_size", batch_size)]
-    for name, value in sizes + [("num_draft_tokens", k) for k, _ in variants or ()]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-    if batch_size > 1 and pad_token(tokenizer) is None:
+    if settings.batch_size > 1 and pad_token(tokenizer) is None:
         raise ValueError("batch_size > 1 pads the prompts: give the tokenizer a pad_token or an eos_token.")
-    budget = _prompt_budget((target, draft), max_prompt_tokens, max_new_tokens)
-    verifier = resolve_verifier(verifier, do_sample=False)
-    schedule = check_schedule(num_draft_tokens_schedule)
-    drafter_options = {"prefer": prefer, "num_candidates": num_candidates, "tree_top_k": tree_top_k,
-                       "tree_nodes": tree_nodes, "exit_layer": exit_layer, "confidence_threshold": confidence_threshold,
-                       "draft_vocab": draft_vocab, "eagle_head": eagle_head, "medusa_head": medusa_head}
-    recorded_options = {name: value for name, value in drafter_options.items() if name != "draft_vocab"}
-    settings = {"num_draft_tokens": num_draft_tokens, "max_new_tokens": max_new_tokens,
-                "max_ngram_size": max_ngram_size, "max_prompt_tokens": budget, "chat_template": chat_template,
-                "system_prompt": system_prompt,
-                "verifier": repr(verifier), "num_draft_tokens_schedule": schedule,
-                "variants": None if variants is None else [list(v) for v in variants], **recorded_options,
-                "draft_vocab_size": None if draft_vocab is None else len(draft_vocab), "batch_size": batch_size}
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt) for p in prompts]
-    batches = make_batches(encoded, batch_size, pad_token(tokenizer))
-    kwargs = {label: _generate_kwargs(m, target, draft, k, max_ngram_size, verifier, name, drafter_options)
-              for m in methods for label, k, name in _variants(m, num_draft_tokens, schedule, variants)}
-    skipped = {label: reason for label, kw in kwargs.items() if batch_size > 1
+    budget = _prompt_budget((target, draft), settings.max_prompt_tokens, settings.max_new_tokens)
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)
+               for p in prompts]
+    batches = make_batches(encoded, settings.batch_size, pad_token(tokenizer))
+    kwargs = {"plain": {}} | {label: _generate_kwargs(m, target, draft, settings.do_sample)
+                              for label, m in methods.items()}
+    skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
-    settings["skipped_methods"] = skipped
+    run = {"settings": {**settings.recorded(), "max_prompt_tokens": budget, "chat_template": chat_template},
+           "methods": {label: {"engine": m.engine, **m.config.to_dict()} for label, m in methods.items()},
+           "prompts": _digest(prompts), "skipped_methods": skipped}
     with ExitStack() as stack:
-        stack.enter_context(_num_threads(num_threads))
-        if "hf-assisted" in methods:
-            stack.enter_context(_pinned_assistant_config(draft, num_draft_tokens))
-        if "hf-early-exit" in methods:
-            stack.enter_context(_pinned_assistant_config(target, num_draft_tokens, confidence_threshold or 0.0))
-        if out_path is not None:
-            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        out = stack.enter_context(open(out_path, "w", encoding="utf-8")) if out_path is not None else None
-        provenance = _provenance(target, draft, methods, settings)
-        records = _run_prompts(target, prompts, batches, kwargs, max_new_tokens, provenance, out, verbose,
-                               batched=batch_size > 1)
-    return _finish(records, verbose, skipped)
+        stack.enter_context(_num_threads(settings.num_threads))
+        for m in methods.values():
+            if m.engine == "transformers" and m.config.method != "prompt-lookup":
+                assistant = draft if m.config.method == "draft-model" else target
+                stack.enter_context(_pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),
+                                                             m.config.confidence_threshold or 0.0))
+        provenance = _provenance(target, draft, json.loads(json.dumps(run)))
+        writer = stack.enter_context(RecordWriter(settings.out_path, provenance["run"], settings.resume))
+        records = _run_batches(target, prompts, batches, kwargs, settings, provenance, writer)
+    return _finish(records, settings.verbose, skipped)
 
 
-def _run_prompts(target, prompts, batches: list[Batch], kwargs, max_new_tokens, provenance, out, verbose,
-                 batched: bool) -> list[dict]:
-    """Warms every method up on the first batch, then runs all methods back to back on each batch (of one prompt
-    unless `batched`, whose records get the batch fields)."""
-    for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
-        _timed_generate(target, batches[0], method_kwargs, max_new_tokens)
-    records = []
-    progress = tqdm(batches, desc="bench", unit="batch" if batched else "prompt", disable=not verbose)
-    for batch_index, batch in enumerate(progress):
-        runs = {m: _timed_generate(target, batch, kw, max_new_tokens) for m, kw in kwargs.items()}
-        new = [_record(prompts[index], index, m, rows[row], runs["plain"][row], batch.prompt_tokens[row],
-                       batch.truncated[row], provenance, _batch_fields(batch_index, batch, rows[row]) if batched else {})
-               for row, index in enumerate(batch.indices) for m, rows in runs.items()]
-        if out is not None:  # written as each batch finishes, so an interrupted run keeps what it measured
-            out.writelines(json.dumps(record) + "\n" for record in new)
-            out.flush()
-        records += new
+def _digest(prompts: list[Prompt]) -> str:
+    """A fingerprint of the prompts (texts, categories, ids), so that a resumed run checks it has the same."""
+    text = json.dumps([[p.text, p.category, p.question_id] for p in prompts])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class RecordWriter:
+    """Writes benchmark records to a JSONL file one by one, each flushed as soon as it is written, and reads back
+    the complete batches of an earlier run of the same settings to resume it (a context manager).
+
+    Args:
+        path (`str` or `Path`, *optional*): the JSONL file; `None` keeps the records in memory only.
+        run (`dict`): the run's identity (methods, settings, prompts' fingerprint), the provenance's `run`.
+        resume (`bool`): keep the complete batches of the records already in `path`; otherwise `path` is
+            overwritten.
+
+    Raises:
+        `ValueError`: resuming a file written by another run (naming what differs), or one that holds lines that
+            are not records (a cut last line, as a killed process leaves, is dropped).
+    """
+
+    def __init__(self, path: str | Path | None, run: dict, resume: bool):
+        self.path, self.run, self.resume = None if path is None else Path(path), run, resume
+        self.done: list[dict] = []
+        self._file = None
+
+    def __enter__(self) -> "RecordWriter":
+        if self.path is None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.resume and self.path.is_file():
+            self.done = self._complete_batches(self._read())
+        text = "".join(json.dumps(record) + "\n" for record in self.done)
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, self.path)  # the kept records replace the file at once: never half of them
+        self._file = open(self.path, "a", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def write(self, record: dict) -> None:
+        """Appends one record and flushes it to the file."""
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def _read(self) -> list[dict]:
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        records = []
+        for number, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines):  # the line a killed process was writing
+                    break
+                raise ValueError(f"{self.path}:{number}: not a JSON record; cannot resume from this file: pass "
+                                 "another --out (out_path) or drop --resume.") from None
+        for record in records:
+            theirs = record.get("provenance", {}).get("run") if isinstance(record, dict) else None
+            if theirs != self.run:
+                differs = sorted(k for k in self.run if not isinstance(theirs, dict) or theirs.get(k) != self.run[k])
+                raise ValueError(
+                    f"{self.path} was written by another run (its {', '.join(differs) or 'records'} differ): resume "
+                    "with the same methods, settings and prompts, or pass another --out (out_path)."
+                )
+        return records
+
+    @staticmethod
+    def _complete_batches(records: list[dict]) -> list[dict]:
+        """The records of the batches for which every method has a record of every row."""
+        expected = {label for label in records[0]["provenance"]["run"]["methods"]} | {"plain"} if records else set()
+        expected -= set(records[0]["provenance"]["run"]["skipped_methods"]) if records else set()
+        by_batch: dict[int, list[dict]] = {}
+        for record in records:
+            by_batch.setdefault(record["batch_index"], []).append(record)
+        return [r for group in by_batch.values() if len(group) == len(expected) * group[0]["batch_rows"]
+                for r in group]
+
+
+def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchSettings, provenance,
+                 writer: RecordWriter) -> list[dict]:
+    """Warms every method up on the first batch, then runs all methods back to back on each batch not recorded yet,
+    writing each record as soon as it is measured; returns the resumed records and the new ones."""
+    records = list(writer.done)
+    done = {r["batch_index"] for r in records}
+    todo = [(index, batch) for index, batch in enumerate(batches) if index not in done]
+    if todo:
+        for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
+            _timed_generate(target, todo[0][1], method_kwargs, settings)
+    progress = tqdm(todo, desc="bench", unit="batch" if settings.batch_size > 1 else "prompt",
+                    disable=not settings.verbose)
+    for batch_index, batch in progress:
+        plain = None
+        for label, method_kwargs in kwargs.items():
+            rows = _timed_generate(target, batch, method_kwargs, settings)
+            plain = rows if plain is None else plain
+            for row, index in enumerate(batch.indices):
+                record = _record(prompts[index], index, label, rows[row], plain[row], batch, row, batch_index,
+                                 provenance, settings.do_sample)
+                record["divergence"] = _divergence(target, batch, row, rows[row], plain[row], record["exact"])
+                writer.write(record)
+                records.append(record)
     return records
 
 
@@ -753,11 +972,13 @@ def _batch_fields(batch_index: int, batch: Batch, run: _Run) -> dict:
 
 
 def _finish(records: list[dict], verbose: bool, skipped: dict[str, str]) -> BenchmarkResult:
-    mismatches = [r for r in records if r["exact"] and not r["identical_to_plain"]]
-    result = BenchmarkResult(records, summarize(records), mismatches, skipped)
+    mismatches = [r for r in records if r["divergence"] == "mismatch"]
+    near_ties = [r for r in records if r["divergence"] == "near-tie"]
+    result = BenchmarkResult(records, summarize(records), mismatches, skipped, near_ties)
     if verbose:
         print(result.table())
-        for r in mismatches:
-            print(f"MISMATCH: {r['method']} differs from plain greedy on prompt {r['prompt_index']} "
+        for r in mismatches + near_ties:
+            kind = "MISMATCH" if r in mismatches else "NEAR-TIE (not a failure)"
+            print(f"{kind}: {r['method']} differs from plain greedy on prompt {r['prompt_index']} "
                   f"(question_id={r['question_id']}, category={r['category']})")
     return result

@@ -5,6 +5,7 @@ command of one."""
 
 import argparse
 import sys
+import traceback
 
 import torch
 from transformers import TextStreamer
@@ -12,15 +13,15 @@ from transformers import TextStreamer
 from .benchmark import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .benchmark import DRAFT_MODEL_METHODS
 from .benchmark import METHODS as BENCH_METHODS
-from .benchmark import load_prompts, run_benchmark
+from .benchmark import BenchSettings, load_prompts, named_methods, run_benchmark
+from .build import build_drafter
 from .chat import encode_prompt, use_chat_template
 from .config import SpeculativeConfig, method_fields
 from .decoding import enable
-from .drafters import DRAFTERS
 from .drafters.prompt_lookup import MATCH_RULES
 from .loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .metrics import clock
-from .methods import METHODS, make_drafter
+from .methods import LOADED_DRAFT, METHODS, method_config
 from .plotting import plot_benchmark, pyplot, read_records
 from .presets import bundled_card, bundled_presets, card_results
 from .quantization import QUANTIZATIONS
@@ -36,11 +37,51 @@ from .sweep import (
 )
 from .verifiers import VERIFIERS
 from .vllm_export import vllm_commands
-from .vocab import ranked_draft_vocab
 
 DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (README, "The default job")
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
+DEFAULT_HEADS = {"eagle_head": DEMO_EAGLE3, "medusa_head": DEMO_MEDUSA}  # the head checkpoints of the demo target
 DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it
+# what bad input raises (a bad value, a missing or unreadable file, a device or Hub repo out of reach, a missing
+# extra): exit status 2; anything else raised during a run is a failure, exit status 1
+BAD_INPUT = (ValueError, TypeError, OSError, ImportError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, naming the command and pointing to its help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, low=None, high=None, low_included=True, high_included=True):
+    """An argparse type: a `kind` (int or float) within the bounds, else a one-line error that states them."""
+    bounds = " and ".join(part for part in (
+        None if low is None else f"{'>=' if low_included else '>'} {low}",
+        None if high is None else f"{'<=' if high_included else '<'} {high}") if part)
+    expected = f"{'an integer' if kind is int else 'a number'}{' ' + bounds if bounds else ''}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        too_low = low is not None and (value < low if low_included else value <= low)
+        too_high = high is not None and (value > high if high_included else value >= high)
+        if too_low or too_high or value != value:  # value != value: NaN
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT = _number(int, low=1)
+NON_NEGATIVE_INT = _number(int, low=0)
+PROBABILITY = _number(float, low=0, high=1, low_included=False)
+CONFIDENCE = _number(float, low=0, high=1, high_included=False)
+POSITIVE_FLOAT = _number(float, low=0, low_included=False)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -50,9 +91,9 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
                         help=f"target: local folder or Hub id (default: {model_help})")
     parser.add_argument("--draft", default=None if from_preset else DEMO_DRAFT,
                         help=f"draft model: local folder or Hub id (default: {draft_help})")
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
+    parser.add_argument("--num-draft-tokens", type=POSITIVE_INT, default=None,
                         help="draft tokens per step (k); for tree methods the depth")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=128)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=AUTO,
                         help="auto (default): the checkpoint's dtype on a GPU, float32 on a CPU")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
@@ -61,11 +102,15 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
     parser.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
                         help="load the draft model quantized (same modes as --quantization)")
     parser.add_argument("--device", default=AUTO, help="auto (default): CUDA, then MPS, then the CPU")
-    parser.add_argument("--threads", type=int, default=threads,
+    parser.add_argument("--threads", type=POSITIVE_INT, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
     _add_chat_options(parser)
-    parser.add_argument("--verbose", action="store_true",
-                        help="let third-party logs, warnings and loading bars through (hidden by default)")
+    _add_verbose_option(parser)
+
+
+def _add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true", help="let third-party logs, warnings and loading bars through (hidden by default), "
+                                         "and show an error's traceback")
 
 
 def _add_chat_options(parser: argparse.ArgumentParser) -> None:
@@ -82,23 +127,53 @@ def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
                              f"second measured during the call) (default: {default})")
 
 
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
+    parser.add_argument("--top-p", type=PROBABILITY, default=1.0)
+    parser.add_argument("--top-k", type=NON_NEGATIVE_INT, default=0, help="0 disables top-k filtering")
+    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="torch.manual_seed before each generate call")
+
+
+def _add_verifier_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--verifier", choices=sorted(VERIFIERS), default=None, help=f"default: {default}")
+    parser.add_argument("--verification", choices=sorted(VERIFIERS), default=None, dest="verification_alias",
+                        help=argparse.SUPPRESS)  # the former name, deprecated
+
+
+def _verifier(args) -> str | None:
+    """`--verifier`, or its deprecated spelling `--verification` (with a warning)."""
+    if args.verification_alias is not None:
+        if args.verifier not in (None, args.verification_alias):
+            raise ValueError("--verifier and its deprecated spelling --verification disagree: pass --verifier only.")
+        print(f"hf-speculators {args.command}: warning: --verification is deprecated, use --verifier.", file=sys.stderr)
+    return args.verifier or args.verification_alias
+
+
+def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None, default_medusa: str | None) -> None:
+    parser.add_argument("--eagle-head", default=default_eagle,
+                        help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
+    parser.add_argument("--medusa-head", default=default_medusa,
+                        help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
+
+
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
-    parser.add_argument("--limit", type=int, default=None, help="prompts to run, spread over the categories")
+    parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
 
 
 def _add_tree_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-candidates", type=int, default=None,
+    parser.add_argument("--num-candidates", type=POSITIVE_INT, default=None,
                         help="prompt-lookup-tree: continuations merged into the trie (default 4)")
-    parser.add_argument("--tree-top-k", type=int, default=None,
+    parser.add_argument("--tree-top-k", type=POSITIVE_INT, default=None,
                         help="draft-model-tree: nodes expanded per depth and children per node (default 4)")
-    parser.add_argument("--tree-nodes", type=int, default=None, help="draft-model-tree: node budget (default 24)")
+    parser.add_argument("--tree-nodes", type=POSITIVE_INT, default=None, help="draft-model-tree: node budget (default 24)")
 
 
 def _add_draft_vocab_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
                         help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
-    parser.add_argument("--draft-vocab-size", type=int, default=None,
+    parser.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=None,
                         help="layer-skip: how many of the ranking's first ids draft (default: all)")
 
 
@@ -134,25 +209,23 @@ def _add_generate(commands) -> None:
                           "the flags below override its settings")
     _add_model_options(gen, threads=None, from_preset=True)
     _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
-    gen.add_argument("--method", choices=sorted(DRAFTERS), default=None, help="default: the preset's")
-    gen.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
-    gen.add_argument("--confidence-threshold", type=float, default=None,
+    gen.add_argument("--method", choices=METHODS, default=None,
+                     help="default: the preset's (the same method names as bench and sweep)")
+    gen.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
+    gen.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
                      help="layer-skip: stop drafting after a token less likely than this")
     _add_draft_vocab_options(gen)
-    gen.add_argument("--max-ngram-size", type=int, default=None, help="prompt lookup's longest n-gram")
-    gen.add_argument("--min-ngram-size", type=int, default=None, help="prompt lookup's shortest n-gram")
-    gen.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
-                     help="default: the preset's, else exact for greedy decoding and rejection when sampling")
-    gen.add_argument("--do-sample", action="store_true")
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0, help="0 disables top-k filtering")
-    gen.add_argument("--seed", type=int, default=0)
+    _add_tree_options(gen)
+    _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
+    gen.add_argument("--max-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's longest n-gram")
+    gen.add_argument("--min-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's shortest n-gram")
+    _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
+    _add_sampling_options(gen)
     gen.set_defaults(run=run_generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-speculators", description="Speculative decoding for transformers.")
+    parser = _Parser(prog="hf-speculators", description="Speculative decoding for transformers.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_generate(commands)
 
@@ -165,24 +238,24 @@ def build_parser() -> argparse.ArgumentParser:
                             "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6)")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
-    bench.add_argument("--max-ngram-size", type=int, default=2, help="for both prompt lookups (transformers' default)")
-    bench.add_argument("--exit-layer", type=int, default=None, help="hf-early-exit and layer-skip: the layers that draft")
-    bench.add_argument("--confidence-threshold", type=float, default=None,
+    bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
+    bench.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="hf-early-exit and layer-skip: the layers that draft")
+    bench.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
                        help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
     _add_draft_vocab_options(bench)
     _add_tree_options(bench)
-    bench.add_argument("--verification", "--verifier", choices=sorted(VERIFIERS), default=None,
-                       help=f"verifier of our methods ({', '.join(METHODS)}); default: exact")
-    bench.add_argument("--eagle-head", default=DEMO_EAGLE3,
-                       help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
-    bench.add_argument("--medusa-head", default=DEMO_MEDUSA,
-                       help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
+    _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(METHODS)})")
+    _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
+    _add_sampling_options(bench)
     bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
                        help="our prompt lookups' match rule among earlier occurrences (default: latest)")
-    bench.add_argument("--batch-size", type=int, default=1, metavar="B",
+    bench.add_argument("--batch-size", type=POSITIVE_INT, default=1, metavar="B",
                        help="prompts per generate call, grouped in order and left padded; each method runs per batch "
                             "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
-    bench.add_argument("--out", default="bench_results/bench.jsonl", help="JSONL records, one per (prompt, method)")
+    bench.add_argument("--out", default="bench_results/bench.jsonl",
+                       help="JSONL records, one per (prompt, method), each written as soon as it is measured")
+    bench.add_argument("--resume", action="store_true",
+                       help="continue the run recorded in --out (same methods, settings and prompts)")
     bench.add_argument("--plot", default=None, metavar="FILE.png",
                        help="also draw speedup and mean acceptance length per method and category (matplotlib)")
     bench.set_defaults(run=run_bench)
@@ -191,14 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1, from_preset=False)
     sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
-    sweep.add_argument("--exit-layer", type=int, default=None, help="layer-skip: the layers that draft")
+    sweep.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
     _add_tree_options(sweep)
+    _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
+    _add_sampling_options(sweep)
     sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,
                        default=list(DEFAULT_TYPICAL_EPSILONS),
                        help="typical settings: EPSILON (delta = sqrt(epsilon)) or EPSILON:DELTA (comma-separated)")
     sweep.add_argument("--top-k-settings", type=_top_k_settings, default=list(DEFAULT_TOP_K_SETTINGS),
                        help="top_k settings: TOP_K:TOLERANCE pairs, tolerance in nats (comma-separated)")
-    sweep.add_argument("--out", default="bench_results/sweep.jsonl", help="JSONL records, one per (prompt, setting)")
+    sweep.add_argument("--out", default="bench_results/sweep.jsonl",
+                       help="JSONL records, one per (prompt, setting), each written as soon as it is measured")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue the sweep recorded in --out (same method, settings and prompts)")
     sweep.add_argument("--plot", default="bench_results/sweep.png", help="where to save the figure (matplotlib)")
     sweep.add_argument("--no-plot", action="store_true", help="print the table only")
     sweep.set_defaults(run=run_sweep_command)
@@ -213,12 +291,14 @@ def _add_plot(commands) -> None:
     plot = commands.add_parser("plot", help="draw a saved bench run (its JSONL records)")
     plot.add_argument("records", help="the JSONL file of hf-speculators bench --out")
     plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
+    _add_verbose_option(plot)
     plot.set_defaults(run=run_plot)
 
 
 def _add_presets(commands) -> None:
     presets = commands.add_parser("presets", help="list the bundled presets (model cards) and their measured speed")
     presets.set_defaults(run=run_presets)
+    _add_verbose_option(presets)
     show = presets.add_subparsers(dest="presets_command").add_parser("show", help="print a preset's whole card")
     show.add_argument("name", help="a bundled preset (hf-speculators presets lists them)")
     show.set_defaults(run=run_presets_show)
@@ -228,29 +308,55 @@ def _add_export(commands) -> None:
     export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
     export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
+    _add_verbose_option(export)
     export.set_defaults(run=run_export)
 
 
-def _drafter(args, target, draft_model=None, draft_tokenizer=None):
-    """The drafter of `args.method` for `target` with the command's drafter options."""
-    return make_drafter(args.method, draft_model, num_draft_tokens=args.num_draft_tokens,
-                        num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-                        draft_tokenizer=draft_tokenizer, target=target, exit_layer=args.exit_layer)
+def _method_options(args) -> dict:
+    """The named-method options of `hf_speculators.methods.method_config` that the command's flags give."""
+    names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
+             "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head")
+    return {name: getattr(args, name, None) for name in names}
 
 
 def config_from_args(args) -> SpeculativeConfig:
-    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`); `--draft`
-    without `--method` over a preset whose method takes no draft model switches to `draft-model`."""
-    flags = {
-        "method": args.method, "num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
-        "min_ngram_size": args.min_ngram_size, "draft_model": args.draft, "verification": args.verification,
-        "target_model": args.model, "draft_quantization": args.draft_quantization, "exit_layer": args.exit_layer,
-        "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
-        "draft_vocab_size": args.draft_vocab_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
-    }
+    """The preset's config with every flag that was given applied over it (`SpeculativeConfig.override`).
+
+    `--method NAME` (a named method, as for `bench` and `sweep`) replaces the preset's method by
+    `method_config(NAME, ...)` with the drafter flags given, keeping the preset's draft model or head checkpoint
+    where the new method takes one; `--draft` without `--method` over a preset whose method takes no draft model
+    switches to `draft-model`. `--eagle-head` and `--medusa-head` name the head of an EAGLE or Medusa method.
+    """
     config = SpeculativeConfig.from_pretrained(args.preset)
-    if args.draft is not None and args.method is None and "draft_model" not in method_fields(config.method):
-        flags["method"] = "draft-model"  # --draft alone over a preset without a draft model (the default's)
+    method = args.method
+    if method is None and args.draft is not None and "draft_model" not in method_fields(config.method):
+        method = "draft-model"  # --draft alone over a preset without a draft model (the default's)
+    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",)}
+    given_head = next((name for name in heads if getattr(args, name) is not None), None)
+    if method is None and given_head is not None:
+        if config.method not in heads[given_head]:
+            raise ValueError(f"--{given_head.replace('_', '-')} names the head of a {' or '.join(heads[given_head])} "
+                             f"method, and the preset's method is {config.method!r}: pass --method as well.")
+        config = config.override(draft_model=getattr(args, given_head))
+    if method is not None:
+        kept = config.draft_model if "draft_model" in method_fields(config.method) else None
+        options = {name: value for name, value in _method_options(args).items() if value is not None}
+        for name, methods in heads.items():
+            options.setdefault(name, kept if config.method in methods else DEFAULT_HEADS[name])
+        named = method_config(method, draft_model=args.draft or kept, **options)
+        config = config.override(**named.to_dict())
+    flags = {
+        "verification": _verifier(args), "target_model": args.model, "draft_quantization": args.draft_quantization,
+        "min_ngram_size": args.min_ngram_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
+    }
+    if method is None:  # the drafter flags apply to the preset's own method
+        flags |= {"num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
+                  "draft_model": args.draft, "exit_layer": args.exit_layer, "num_candidates": args.num_candidates,
+                  "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
+                  "draft_vocab_size": args.draft_vocab_size}
+        tree = {key: value for key, value in (("top_k", args.tree_top_k), ("num_nodes", args.tree_nodes))
+                if value is not None}
+        flags["tree"] = {**(config.tree or {}), **tree} if tree else None
     return config.override(**{name: value for name, value in flags.items() if value is not None})
 
 
@@ -271,6 +377,9 @@ def _print_placement(model) -> None:
 
 
 def run_generate(args) -> int:
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty: pass the text to continue, e.g. hf-speculators generate "
+                         "\"def fibonacci(n):\"")
     config = config_from_args(args)
     target_name = config.target_model or DEMO_TARGET
     tokenizer = load_tokenizer(target_name)
@@ -279,6 +388,8 @@ def run_generate(args) -> int:
     _print_placement(target)
     drafter, verifier = config.build(target, tokenizer)
     inputs = encode_prompt(tokenizer, args.prompt, chat, args.system).to(target.device)
+    if inputs["input_ids"].shape[1] == 0:
+        raise ValueError(f"the prompt {args.prompt!r} tokenizes to no tokens: pass some text.")
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
     common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
@@ -290,7 +401,12 @@ def run_generate(args) -> int:
 
     torch.manual_seed(args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True)
-    out, seconds = _timed_generate(target, inputs, **common, **speculative, streamer=streamer)
+    try:
+        out, seconds = _timed_generate(target, inputs, **common, **speculative, streamer=streamer)
+    except KeyboardInterrupt:
+        streamer.end()  # prints the text it holds back until a word ends
+        print(f"\nhf-speculators generate: interrupted; the text above is what was generated.", file=sys.stderr)
+        return INTERRUPTED
     torch.manual_seed(args.seed)
     plain, plain_seconds = _timed_generate(target, inputs, **common)
     _report(out, seconds, plain, plain_seconds, inputs["input_ids"].shape[1], args.do_sample)
@@ -308,27 +424,33 @@ def _load_models(args, needs_draft: bool):
     return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
 
 
+def _bench_settings(args) -> BenchSettings:
+    return BenchSettings(max_new_tokens=args.max_new_tokens, batch_size=getattr(args, "batch_size", 1),
+                         do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                         seed=args.seed, chat_template=args.chat, system_prompt=args.system,
+                         num_threads=args.threads, out_path=args.out, resume=args.resume)
+
+
 def run_bench(args) -> int:
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    needs_draft = any(m in DRAFT_MODEL_METHODS for m in methods)
-    prompts = load_prompts(args.prompts, args.limit)
-    tokenizer = load_tokenizer(args.model)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.draft_vocab_size is not None and args.draft_vocab is None:
         raise ValueError("--draft-vocab-size takes the first ids of a token ranking: pass --draft-vocab as well.")
-    draft_vocab = None if args.draft_vocab is None else ranked_draft_vocab(args.draft_vocab, args.draft_vocab_size)
-    chat = use_chat_template(tokenizer, args.chat, args.system)
+    options = {**_method_options(args), "num_draft_tokens": args.num_draft_tokens or 5}
+    methods = named_methods(names, variants=args.variants, verification=_verifier(args),
+                            num_draft_tokens_schedule=args.num_draft_tokens_schedule, **options)
+    settings = _bench_settings(args)
+    prompts = load_prompts(args.prompts, args.limit)
+    tokenizer = load_tokenizer(args.model)
+    use_chat_template(tokenizer, args.chat, args.system)  # fails before any model loads
     if args.plot is not None:
         pyplot()  # fail before the run, not after it, when matplotlib is missing
-    target, draft = _load_models(args, needs_draft)
-    result = run_benchmark(
-        target, draft, tokenizer, prompts, methods, args.max_new_tokens, args.num_draft_tokens or 5, args.out,
-        max_ngram_size=args.max_ngram_size, num_threads=args.threads, verifier=args.verification, prefer=args.prefer,
-        num_candidates=args.num_candidates, tree_top_k=args.tree_top_k, tree_nodes=args.tree_nodes,
-        exit_layer=args.exit_layer, confidence_threshold=args.confidence_threshold,
-        draft_vocab=draft_vocab, chat_template=chat, system_prompt=args.system, eagle_head=args.eagle_head,
-        medusa_head=args.medusa_head, num_draft_tokens_schedule=args.num_draft_tokens_schedule,
-        variants=args.variants, batch_size=args.batch_size,
-    )
+    target, draft = _load_models(args, any(m in DRAFT_MODEL_METHODS for m in names))
+    try:
+        result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft)
+    except KeyboardInterrupt:
+        print(f"hf-speculators bench: interrupted; the records measured so far are in {args.out}: rerun the same "
+              "command with --resume to continue.", file=sys.stderr)
+        return INTERRUPTED
     print(f"records: {args.out}")
     if args.plot is not None:
         plot_benchmark(result.records, args.plot)
@@ -340,13 +462,20 @@ def run_sweep_command(args) -> int:
     if not args.no_plot:
         pyplot()  # fail before the sweep, not after it, when matplotlib is missing
     verifiers = default_verifiers(args.typical_settings, args.top_k_settings)
+    config = method_config(args.method, draft_model=LOADED_DRAFT, **_method_options(args))
+    settings = _bench_settings(args)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
-    chat = use_chat_template(tokenizer, args.chat, args.system)
+    use_chat_template(tokenizer, args.chat, args.system)
     target, draft = _load_models(args, args.method in DRAFT_MODEL_METHODS)
-    drafter = _drafter(args, target, draft, load_tokenizer(args.draft) if draft is not None else None)
-    points = run_sweep(target, tokenizer, prompts, drafter, verifiers, args.max_new_tokens, args.out,
-                       num_threads=args.threads, chat_template=chat, system_prompt=args.system)
+    loaded = {} if draft is None else {"draft_model": draft, "draft_tokenizer": load_tokenizer(args.draft)}
+    drafter = build_drafter(config, target, tokenizer, **loaded)
+    try:
+        points = run_sweep(target, tokenizer, prompts, drafter, verifiers, settings)
+    except KeyboardInterrupt:
+        print(f"hf-speculators sweep: interrupted; the records measured so far are in {args.out}: rerun the same "
+              "command with --resume to continue.", file=sys.stderr)
+        return INTERRUPTED
     print(sweep_table(points))
     print(f"records: {args.out}")
     if not args.no_plot:
@@ -419,19 +548,44 @@ def _report(out, seconds: float, plain: torch.Tensor, plain_seconds: float, prom
     print(f"draft lengths (tokens asked: steps): {lengths}; {stats.num_steps_without_draft} steps without a draft")
 
 
+def _fail(args, error: BaseException, status: int) -> int:
+    """Prints `error` as one line on stderr (its traceback first with `--verbose`) and returns `status`."""
+    if getattr(args, "verbose", False):
+        traceback.print_exception(error)
+    message = " ".join(str(error).split()) or type(error).__name__
+    if status == 2:
+        print(f"hf-speculators {args.command}: error: {message}", file=sys.stderr)
+    else:
+        hint = "" if getattr(args, "verbose", False) else " (--verbose shows the traceback)"
+        print(f"hf-speculators {args.command}: failed: {type(error).__name__}: {message}{hint}", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs the `hf-speculators` command.
+
+    Returns:
+        `int`: the exit status: 0 on success; 1 for a failure during the run (a bench mismatch, or an error raised
+        by a model or library while running); 2 for bad input (a bad flag value, a missing or unreadable file, a
+        device or Hub repo that cannot be reached), reported as one line on stderr; 130 when interrupted (Ctrl-C),
+        after keeping what was measured. With `--verbose` an error also prints its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "threads", None) is not None:  # `presets` has no --threads
-        torch.set_num_threads(args.threads)
     try:
+        if getattr(args, "threads", None) is not None:  # `presets` has no --threads
+            torch.set_num_threads(args.threads)
         if hasattr(args, "device"):  # the commands that load models
             _placement(args)
         with quiet_third_party(getattr(args, "verbose", False)):
             return args.run(args)
-    except (ValueError, FileNotFoundError, OSError, ImportError) as error:
-        print(f"hf-speculators {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"hf-speculators {args.command}: interrupted.", file=sys.stderr)
+        return INTERRUPTED
+    except BAD_INPUT as error:
+        return _fail(args, error, 2)
+    except Exception as error:  # a failure during the run: a library or model error
+        return _fail(args, error, 1)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from . import presets
 from .build import VERIFIER_PARAMS, build
 from .drafters import DRAFTERS, tree_shape
 from .drafters.prompt_lookup import MATCH_RULES
+from .folders import write_folder
 from .quantization import QUANTIZATIONS
 from .schedules import SCHEDULES
 from .speculators_format import SPECULATORS_TYPES
@@ -147,6 +148,11 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
+        for name in ("method", "num_draft_tokens_schedule", "prefer", "draft_quantization", "verification"):
+            if name != "method" and getattr(self, name) is None:
+                continue
+            if not isinstance(getattr(self, name), str):
+                _fail(name, "a name (a string)", getattr(self, name))
         for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k",
                      "draft_vocab_size"):
             _check_int(name, getattr(self, name))
@@ -254,19 +260,24 @@ class SpeculativeConfig:
             token (`str`, *optional*): Hub token for private or gated repos.
 
         Raises:
-            `ValueError`: malformed YAML or JSON, no settings found, or invalid settings (naming the field).
+            `ValueError`: malformed YAML or JSON, no settings found, invalid settings (naming the field), or a name
+                that is neither local nor bundled and whose Hub repo cannot be read (listing the bundled presets).
             `FileNotFoundError`: a local path that does not exist.
-            `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
         """
         return cls.from_dict(presets.read_settings(str(repo_id_or_path), revision=revision, token=token))
 
     def save_pretrained(self, save_directory: str | Path) -> Path:
-        """Writes a Hub-style model card (`README.md`) holding this config; returns its path."""
+        """Writes a Hub-style model card (`README.md`) holding this config into `save_directory` (created if
+        needed), all at once (`hf_speculators.folders.write_folder`: an interrupted save leaves nothing half-written);
+        returns its path.
+
+        Raises:
+            `NotADirectoryError`: `save_directory` is a file.
+        """
         directory = Path(save_directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "README.md"
-        path.write_text(presets.card_text(self, name=directory.resolve().name), encoding="utf-8")
-        return path
+        text = presets.card_text(self, name=directory.resolve().name)
+        write_folder(directory, lambda folder: (folder / "README.md").write_text(text, encoding="utf-8"))
+        return directory / "README.md"
 
     def push_to_hub(self, repo_id: str, token: str | None = None, private: bool | None = None,
                     commit_message: str = "Upload speculative decoding preset"):

@@ -1,8 +1,11 @@
 """Loading target and draft models and tokenizers from a local folder or a Hub id."""
 
+import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .quantization import check_quantizable, quantization_config
@@ -19,6 +22,10 @@ DEMO_IDS = {
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 AUTO = "auto"  # --device and --dtype default: the best available device; the checkpoint's dtype on an accelerator
+# files of which a local tokenizer folder holds at least one (fast, slow BPE, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model")
+# what reading a checkpoint raises for corrupted, truncated or mismatched files (transformers, safetensors, torch)
+UNREADABLE_CHECKPOINT = (OSError, ValueError, KeyError, RuntimeError, SafetensorError, json.JSONDecodeError)
 
 
 def resolve_device(device: str = AUTO) -> str:
@@ -26,15 +33,38 @@ def resolve_device(device: str = AUTO) -> str:
 
     Args:
         device (`str`, defaults to `"auto"`): `"auto"` or a torch device (`"cpu"`, `"cuda"`, `"cuda:1"`, `"mps"`),
-            returned unchanged.
+            returned unchanged once checked.
+
+    Raises:
+        `ValueError`: a string that is not a torch device, or a device this machine does not have (CUDA or MPS not
+            available, a CUDA index past the last GPU).
     """
     if device != AUTO:
+        check_device(device)
         return device
     if torch.cuda.is_available():
         return "cuda"
     if torch.backends.mps.is_available():
         return "mps"
     return "cpu"
+
+
+def check_device(device: str) -> None:
+    """Raises `ValueError` unless `device` names a torch device this machine has (see `resolve_device`)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'.") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        built = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"device {device!r} is not available: {built}. Use device 'cpu' or 'auto'.")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} is not available: this machine has {torch.cuda.device_count()} CUDA "
+                         "GPU(s), numbered from 0.")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} is not available: MPS needs an Apple GPU. Use 'cpu' or 'auto'.")
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {device!r} is not supported: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'.")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -66,13 +96,42 @@ def looks_local(name_or_path: str) -> bool:
     return name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
 
 
-def _check_exists(name_or_path: str) -> None:
-    """Raises `FileNotFoundError` for a local-looking path that does not exist."""
-    if looks_local(name_or_path) and not Path(name_or_path).expanduser().exists():
+def _check_local(name_or_path: str, what: str, needed: tuple[str, ...]) -> None:
+    """Raises `FileNotFoundError` for a local-looking path that does not exist, and for a local folder holding none
+    of the files `needed` (a folder that is not a model or has no tokenizer); a Hub id passes."""
+    path = Path(name_or_path).expanduser()
+    if looks_local(name_or_path) and not path.exists():
         raise FileNotFoundError(
-            f"Model path {name_or_path!r} does not exist. Pass an existing folder with config.json and weights, "
+            f"{what} path {name_or_path!r} does not exist. Pass an existing folder with config.json and weights, "
             "or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'."
         )
+    if path.is_dir() and not any((path / name).is_file() for name in needed):
+        raise FileNotFoundError(
+            f"{what} folder {name_or_path!r} holds none of {', '.join(needed)}: it is not a saved transformers "
+            f"{what.lower()}. Pass the folder that save_pretrained wrote (or a Hub id)."
+        )
+    if path.exists() and not path.is_dir():
+        raise FileNotFoundError(f"{what} path {name_or_path!r} is a file: pass the folder that holds the model.")
+
+
+@contextmanager
+def reading(name_or_path: str, what: str):
+    """Within the block, what reading the checkpoint `name_or_path` raises (`UNREADABLE_CHECKPOINT`) becomes an
+    `OSError` for a Hub id that cannot be fetched, or a `ValueError` for a local checkpoint whose files cannot be
+    read (corrupted, truncated or incomplete), naming it as `what` (e.g. `"Model"`) and saying what to do."""
+    try:
+        yield
+    except UNREADABLE_CHECKPOINT as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if not Path(name_or_path).expanduser().exists():
+            raise OSError(
+                f"{what} {name_or_path!r} is not a local folder and cannot be fetched from the Hub ({reason}). Pass "
+                "a local folder, or connect to the network (a private repo needs `hf auth login`)."
+            ) from error
+        raise ValueError(
+            f"{what} {name_or_path!r} cannot be read, its files may be corrupted or incomplete "
+            f"({type(error).__name__}: {reason}). Save or download it again."
+        ) from error
 
 
 def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None,
@@ -91,29 +150,44 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", r
             they load (see `hf_speculators.quantization` for the library of each mode).
 
     Raises:
-        `FileNotFoundError`: a local path that does not exist.
-        `ValueError`: an unknown dtype; a quantization that is unknown, cannot run on `device` or does not fit the
-            model (checked on its config before any weight is read, see `hf_speculators.quantization`).
+        `FileNotFoundError`: a local path that does not exist, or a folder without `config.json`.
+        `ValueError`: an unknown dtype or device; a quantization that is unknown, cannot run on `device` or does not
+            fit the model (checked on its config before any weight is read, see `hf_speculators.quantization`); a
+            local checkpoint whose files cannot be read (corrupted or truncated weights, malformed config).
         `ImportError`: the quantization library is not installed.
-        `OSError`: a Hub id that cannot be fetched (from transformers).
+        `OSError`: a Hub id that cannot be fetched (offline, no such repo, no access).
     """
     if dtype not in DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}: choose one of {sorted(DTYPES)}.")
+    check_device(device)
+    config = None if quantization is None else quantization_config(  # refused before any file is read
+        quantization, device, DTYPES[dtype] if dtype != "auto" else None)
     name_or_path = resolve_model_id(name_or_path)
-    _check_exists(name_or_path)
-    config = None
+    _check_local(name_or_path, "Model", ("config.json",))
     if quantization is not None:
-        config = quantization_config(quantization, device, DTYPES[dtype] if dtype != "auto" else None)
-        with torch.device("meta"):  # the module structure, without weights, for the check
+        with reading(name_or_path, "Model"), torch.device("meta"):  # the module structure, for the check
             skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name_or_path, revision=revision))
         check_quantizable(skeleton, quantization, device)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision,
-                                                 quantization_config=config, device_map={"": device})
+    with reading(name_or_path, "Model"):
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], revision=revision,
+                                                     quantization_config=config, device_map={"": device})
     return model.eval()
 
 
 def load_tokenizer(name_or_path: str, revision: str | None = None):
-    """Loads the tokenizer stored with a model (same arguments and errors as `load_model`)."""
+    """Loads the tokenizer stored with a model.
+
+    Args:
+        name_or_path (`str`): a local folder, a Hub id or a demo id (as for `load_model`).
+        revision (`str`, *optional*): a Hub branch, tag or commit.
+
+    Raises:
+        `FileNotFoundError`: a local path that does not exist, or a folder with no tokenizer file
+            (`TOKENIZER_FILES`).
+        `ValueError`: tokenizer files that cannot be read.
+        `OSError`: a Hub id that cannot be fetched.
+    """
     name_or_path = resolve_model_id(name_or_path)
-    _check_exists(name_or_path)
-    return AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+    _check_local(name_or_path, "Tokenizer", TOKENIZER_FILES)
+    with reading(name_or_path, "Tokenizer"):
+        return AutoTokenizer.from_pretrained(name_or_path, revision=revision)

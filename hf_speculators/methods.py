@@ -14,6 +14,7 @@ HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip",
            *SELF_DRAFT_METHODS, *HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
+LOADED_DRAFT = "<loaded draft model>"  # a config's draft_model when the caller passes the loaded model itself
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
 
@@ -98,7 +99,7 @@ def make_drafter(method: str, draft_model=None, *, target=None, draft_tokenizer=
     Raises:
         `ValueError`: see `method_config` and `build_drafter`.
     """
-    name = getattr(draft_model, "name_or_path", None) or ("<loaded draft model>" if draft_model is not None else None)
+    name = getattr(draft_model, "name_or_path", None) or (LOADED_DRAFT if draft_model is not None else None)
     config = method_config(method, draft_model=name, **options)
     loaded = _given(draft_model=draft_model, draft_tokenizer=draft_tokenizer, draft_vocab=draft_vocab)
     return build_drafter(config, target, **loaded)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, hf_hub_download
-from huggingface_hub.errors import RemoteEntryNotFoundError
+from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError
 
 from .drafters import DRAFTERS
 from .loading import DEMO_IDS, looks_local
@@ -94,11 +94,23 @@ def _read_local(path: Path) -> dict | None:
 
 
 def _download(repo_id: str, filename: str, revision: str | None, token: str | None) -> Path | None:
-    """A file of a Hub repo, or `None` when the repo has no such file (offline errors propagate)."""
+    """A file of a Hub repo, or `None` when the repo has no such file.
+
+    Raises:
+        `ValueError`: the repo cannot be reached (offline, no such repo, no access, an invalid id); the message says
+            that the name is no bundled preset either and lists those.
+    """
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, token=token))
     except RemoteEntryNotFoundError:
         return None
+    except (OSError, ValueError, HfHubHTTPError) as error:
+        reason = " ".join(str(error).split())
+        raise ValueError(
+            f"No bundled preset {repo_id!r}; bundled are {', '.join(bundled_presets())}. As a Hub repo it cannot be "
+            f"read ({type(error).__name__}: {reason}). Pass a bundled name, a local model card or folder, or a Hub "
+            "repo id with a network."
+        ) from error
 
 
 def _read_hub(repo_id: str, revision: str | None, token: str | None) -> dict | None:
@@ -118,7 +130,8 @@ def read_settings(repo_id_or_path: str, revision: str | None = None, token: str 
         `FileNotFoundError`: a local-looking path that does not exist.
         `ValueError`: malformed YAML or JSON, or neither a `speculative_decoding:` block nor a draft checkpoint's
             config (speculators, SafeAILab EAGLE-3, Medusa).
-        `OSError`: a Hub repo that cannot be reached (from huggingface_hub).
+            A name that is neither local nor bundled and whose Hub repo cannot be read (offline, no such repo, an
+            invalid id) is a `ValueError` that lists the bundled presets.
     """
     path = Path(repo_id_or_path).expanduser()
     bundled = bundled_presets()

@@ -7,6 +7,8 @@ What it silences, and where it comes from (transformers 5.23, torch 2.13, torcha
   on the first model load whenever torchao is installed, quantized or not.
 - transformers' warnings (its logger) and its "Loading weights" progress bars. Hub download bars stay on: a
   download of several GB shows its progress.
+- huggingface_hub's warnings, among them one line per retry of a request that cannot reach the Hub (offline, five
+  of them before the error that the command then reports in one line).
 
 Python warnings (`warnings.warn`, ours included) are left alone.
 """
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 import huggingface_hub.utils as hub_utils
 from transformers.utils import logging as transformers_logging
 
-THIRD_PARTY_LOGGERS = ("torchao", "torch.utils._pytree")
+THIRD_PARTY_LOGGERS = ("torchao", "torch.utils._pytree", "huggingface_hub")
 
 
 def _progress_bars() -> tuple[bool, bool]:

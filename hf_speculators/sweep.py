@@ -1,17 +1,19 @@
 """The fidelity/acceptance sweep of the relaxed verifiers: what each setting gains, and what it loses.
 
-`run_sweep` runs greedy speculative decoding on the same prompts with one drafter and each verifier setting, the
-exact verifier first (its output is plain greedy output, the reference), and measures per setting: mean acceptance
+`run_sweep` runs speculative decoding on the same prompts with one drafter and each verifier setting, the lossless
+one first (exact verification, whose output is plain greedy output; rejection sampling under sampling), and measures per setting: mean acceptance
 length, tokens/s, the target's mean log-likelihood of the produced tokens relative to the exact output's, and the
 share of tokens identical to the exact output (position by position).
 
-Record format (with `out_path`, one JSON object per (prompt, setting)):
+Record format (with `out_path`, one JSON object per (prompt, setting), written as soon as it is measured):
 
     prompt_index, verifier                    which prompt (0-based) and which setting (the verifier's repr)
     new_tokens, seconds                       tokens generated and wall-clock seconds of the generate call
     num_drafts, num_accepted_tokens           from `SpeculativeStats`
     log_likelihood                            sum of the target's log-probabilities of the new tokens (nats)
-    identical_tokens, exact_tokens            positions equal to the exact output's, and its length
+    identical_tokens, exact_tokens            positions equal to the reference output's, and its length
+    batch_index, batch_rows, provenance       the prompt again and 1 (as `RecordWriter` resumes), and the run:
+                                              settings, verifiers, drafter and prompts' fingerprint
 """
 
 import json
@@ -21,13 +23,17 @@ from typing import Sequence
 
 import torch
 
-from .benchmark import Prompt, _encode, _num_threads, _prompt_budget, _timed_generate_one
+from .benchmark import (
+    BenchSettings, Prompt, RecordWriter, _digest, _encode, _num_threads, _prompt_budget, _timed_generate_one,
+)
 from .chat import use_chat_template
 from .decoding import generate
 from .drafters import Drafter
 from .plotting import pyplot
-from .verifiers import ExactVerifier, TopKVerifier, TypicalVerifier, Verifier
+from .verifiers import ExactVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier, Verifier
 
+SUMMED_FIELDS = ("new_tokens", "seconds", "num_drafts", "num_accepted_tokens", "log_likelihood", "identical_tokens",
+                 "exact_tokens")
 DEFAULT_TYPICAL_EPSILONS = (0.01, 0.03, 0.09, 0.2, 0.4)
 DEFAULT_TOP_K_SETTINGS = ((2, 0.5), (2, 1.0), (3, 1.0), (3, 2.0), (5, 3.0))
 _AXIS_LABELS = {
@@ -79,8 +85,9 @@ def _log_likelihood(target, input_ids: torch.LongTensor, new_ids: torch.LongTens
     return float(log_probs.gather(-1, new_ids[:, None].to(log_probs.device)).sum())
 
 
-def _record(index: int, verifier: Verifier, run, exact_ids: torch.LongTensor, log_likelihood: float) -> dict:
-    length = min(len(run.new_ids), len(exact_ids))
+def _record(index: int, verifier: Verifier, run, reference_ids: torch.LongTensor, log_likelihood: float,
+            run_key: dict) -> dict:
+    length = min(len(run.new_ids), len(reference_ids))
     return {
         "prompt_index": index,
         "verifier": repr(verifier),
@@ -89,13 +96,16 @@ def _record(index: int, verifier: Verifier, run, exact_ids: torch.LongTensor, lo
         "num_drafts": run.stats.num_drafts,
         "num_accepted_tokens": run.stats.num_accepted_tokens,
         "log_likelihood": log_likelihood,
-        "identical_tokens": int((run.new_ids[:length] == exact_ids[:length]).sum()),
-        "exact_tokens": len(exact_ids),
+        "identical_tokens": int((run.new_ids[:length] == reference_ids[:length]).sum()),
+        "exact_tokens": len(reference_ids),
+        "batch_index": index,  # one prompt per generate call; RecordWriter resumes by batch
+        "batch_rows": 1,
+        "provenance": {"run": run_key},
     }
 
 
 def _point(records: list[dict], exact_log_likelihood: float | None) -> SweepPoint:
-    total = {key: sum(r[key] for r in records) for key in records[0] if key not in ("prompt_index", "verifier")}
+    total = {key: sum(r[key] for r in records) for key in SUMMED_FIELDS}
     log_likelihood = total["log_likelihood"] / max(total["new_tokens"], 1)
     reference = log_likelihood if exact_log_likelihood is None else exact_log_likelihood
     return SweepPoint(
@@ -114,64 +124,72 @@ def run_sweep(
     prompts: Sequence[Prompt | str],
     drafter: Drafter,
     verifiers: Sequence[Verifier] | None = None,
-    max_new_tokens: int = 128,
-    out_path: str | Path | None = None,
-    *,
-    max_prompt_tokens: int = 1024,
-    chat_template: bool | None = False,
-    system_prompt: str | None = None,
-    num_threads: int | None = 1,
+    settings: BenchSettings | None = None,
 ) -> list[SweepPoint]:
-    """Runs greedy speculative decoding with `drafter` and each verifier on every prompt and pools the figures.
+    """Runs speculative decoding with `drafter` and each verifier on every prompt and pools the figures.
 
-    Each setting is warmed up once on the first prompt; then, prompt by prompt, the settings run back to back.
-    Log-likelihoods come from one extra target forward per output, outside the timed call.
+    Each setting is warmed up once on the first prompt; then, prompt by prompt, the settings run back to back from
+    the same seed, and each record is written as soon as it is measured (`settings.out_path`; `settings.resume`
+    continues an interrupted sweep). Log-likelihoods come from one extra target forward per output, outside the
+    timed call. The reference is the lossless verifier of the decoding mode: exact verification (plain greedy
+    output) or, under `settings.do_sample`, rejection sampling.
 
     Args:
         target (`PreTrainedModel`): the causal LM.
         tokenizer (`PreTrainedTokenizerBase`): its tokenizer.
         prompts (`Sequence[Prompt | str]`): the prompts (e.g. from `load_prompts`).
         drafter (`Drafter`): the drafter every setting uses (e.g. `make_drafter("draft-model-tree", draft)`).
-        verifiers (`Sequence[Verifier]`, *optional*): the settings; defaults to `default_verifiers()`. An
-            `ExactVerifier` is put first if missing: its output is the reference.
-        max_new_tokens (`int`, defaults to 128): tokens per call.
-        out_path (`str` or `Path`, *optional*): JSONL file for the per-(prompt, setting) records.
-        max_prompt_tokens, chat_template, system_prompt, num_threads: as for `run_benchmark`.
+        verifiers (`Sequence[Verifier]`, *optional*): the settings; defaults to `default_verifiers()`. The
+            reference verifier is put first (added if missing).
+        settings (`BenchSettings`, *optional*): lengths, sampling, prompts, threads and records, as for
+            `run_benchmark` (`batch_size` must be 1); defaults to `BenchSettings()`.
 
     Returns:
-        `list[SweepPoint]`, one per setting, exact first.
+        `list[SweepPoint]`, one per setting, the reference first.
 
     Raises:
-        `ValueError`: no prompts, `chat_template=True` or `system_prompt` without a chat template, or what
-            `generate` raises for the drafter or a setting.
+        `ValueError`: no prompts, `batch_size` above 1, `chat_template=True` or `system_prompt` without a chat
+            template, `resume` with the records of another sweep, or what `generate` raises for the drafter or a
+            setting.
     """
+    settings = BenchSettings() if settings is None else settings
+    if settings.batch_size != 1:
+        raise ValueError(f"the sweep runs prompt by prompt: batch_size must be 1, got {settings.batch_size}.")
+    reference = RejectionVerifier if settings.do_sample else ExactVerifier
     verifiers = list(default_verifiers() if verifiers is None else verifiers)
-    if not any(isinstance(v, ExactVerifier) for v in verifiers):
-        verifiers.insert(0, ExactVerifier())
-    verifiers.sort(key=lambda v: not isinstance(v, ExactVerifier))  # the exact output is the reference: first
-    chat_template = use_chat_template(tokenizer, chat_template, system_prompt)
+    verifiers = [v for v in verifiers if not isinstance(v, ExactVerifier) or not settings.do_sample]
+    if not any(isinstance(v, reference) for v in verifiers):
+        verifiers.insert(0, reference())
+    verifiers.sort(key=lambda v: not isinstance(v, reference))  # the reference output: first
+    chat_template = use_chat_template(tokenizer, settings.chat_template, settings.system_prompt)
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to sweep: pass at least one (see load_prompts).")
-    budget = _prompt_budget((target,), max_prompt_tokens, max_new_tokens)
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, system_prompt)[0] for p in prompts]
+    budget = _prompt_budget((target,), settings.max_prompt_tokens, settings.max_new_tokens)
+    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)[0]
+               for p in prompts]
     kwargs = {v: {"custom_generate": generate, "candidate_generator": drafter, "verifier": v} for v in verifiers}
-    records: dict[Verifier, list[dict]] = {v: [] for v in verifiers}
-    with _num_threads(num_threads):
-        for verifier_kwargs in kwargs.values():  # warm-up, untimed
-            _timed_generate_one(target, encoded[0], verifier_kwargs, max_new_tokens)
-        for index, input_ids in enumerate(encoded):
-            runs = {v: _timed_generate_one(target, input_ids, kw, max_new_tokens) for v, kw in kwargs.items()}
-            exact_ids = runs[verifiers[0]].new_ids
-            for verifier, run in runs.items():
-                records[verifier].append(
-                    _record(index, verifier, run, exact_ids, _log_likelihood(target, input_ids, run.new_ids)))
-    if out_path is not None:
-        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps(record) + "\n" for runs in records.values() for record in runs]
-        Path(out_path).write_text("".join(lines), encoding="utf-8")
-    exact = _point(records[verifiers[0]], None)
-    return [exact] + [_point(records[v], exact.log_likelihood) for v in verifiers[1:]]
+    run_key = json.loads(json.dumps({
+        "settings": settings.recorded(), "methods": {repr(v): {} for v in verifiers}, "drafter": repr(drafter),
+        "prompts": _digest(prompts), "skipped_methods": {}}))
+    with _num_threads(settings.num_threads), RecordWriter(settings.out_path, run_key, settings.resume) as writer:
+        done = {r["prompt_index"] for r in writer.done}
+        records: dict[str, list[dict]] = {repr(v): [r for r in writer.done if r["verifier"] == repr(v)]
+                                          for v in verifiers}
+        todo = [index for index in range(len(prompts)) if index not in done]
+        for verifier_kwargs in kwargs.values() if todo else ():  # warm-up, untimed
+            _timed_generate_one(target, encoded[todo[0]], verifier_kwargs, settings)
+        for index in todo:
+            reference_ids = None
+            for verifier, verifier_kwargs in kwargs.items():
+                run = _timed_generate_one(target, encoded[index], verifier_kwargs, settings)
+                reference_ids = run.new_ids if reference_ids is None else reference_ids
+                log_likelihood = _log_likelihood(target, encoded[index], run.new_ids)
+                record = _record(index, verifier, run, reference_ids, log_likelihood, run_key)
+                writer.write(record)
+                records[repr(verifier)].append(record)
+    first = _point(records[repr(verifiers[0])], None)
+    return [first] + [_point(records[repr(v)], first.log_likelihood) for v in verifiers[1:]]
 
 
 def sweep_table(points: Sequence[SweepPoint]) -> str:

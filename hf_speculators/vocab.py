@@ -60,14 +60,18 @@ def load_token_ranking(location: str) -> list[int]:
             Hub file as `"hf://ORG/REPO/NAME"` (read with `huggingface_hub.HfFileSystem`; needs a network).
 
     Raises:
-        `FileNotFoundError`: a local file that does not exist.
+        `FileNotFoundError`: a local path that is not a file.
         `ValueError`: a file that is not such JSON, naming it.
     """
     if location.startswith("hf://"):
         with HfFileSystem().open(location, "r", encoding="utf-8") as file:
             text = file.read()
     else:
-        text = Path(resolve_model_id(location)).expanduser().read_text(encoding="utf-8")
+        path = Path(resolve_model_id(location)).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"Token ranking {location!r} is not a file: pass a JSON list of token ids (e.g. "
+                                    "hf_speculators/demo-target/token_ranking.json) or hf://ORG/REPO/FILE.")
+        text = path.read_bytes().decode("utf-8", errors="replace")
     try:
         ranking = json.loads(text)
     except json.JSONDecodeError as error:

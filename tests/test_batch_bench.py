@@ -69,16 +69,20 @@ def batched(target, draft, tokenizer):
 
 def test_batched_records_one_per_prompt_and_method(batched):
     methods = ["plain", "prompt-lookup"]
-    assert [(r["prompt_index"], r["method"]) for r in batched.records] == [(i, m) for i in range(5) for m in methods]
-    assert [r["batch_index"] for r in batched.records[::2]] == [0, 0, 1, 1, 2]
-    assert [r["batch_rows"] for r in batched.records[::2]] == [2, 2, 2, 2, 1]
+    # written as measured: batch by batch, method by method, row by row
+    rows = [[0, 1], [2, 3], [4]]
+    assert [(r["prompt_index"], r["method"]) for r in batched.records] == [
+        (i, m) for batch in rows for m in methods for i in batch]
+    plain = [r for r in batched.records if r["method"] == "plain"]
+    assert [r["batch_index"] for r in plain] == [0, 0, 1, 1, 2]
+    assert [r["batch_rows"] for r in plain] == [2, 2, 2, 2, 1]
     for r in batched.records:
         prompt = PROMPTS[r["prompt_index"]]
         assert (r["question_id"], r["category"]) == (prompt.question_id, prompt.category)
         assert r["prompt_tokens"] == len(prompt.text.split())  # the row's own tokens, not the padded width
         assert 1 <= r["new_tokens"] <= NEW_TOKENS
         assert r["seconds"] == pytest.approx(r["batch_seconds"] / r["batch_rows"])
-        assert r["provenance"]["batch_size"] == 2
+        assert r["provenance"]["run"]["settings"]["batch_size"] == 2
     pads = [r["batch_pad_tokens"] for r in batched.records[::4]]
     assert pads == [11 - 4, 10 - 6, 0]
 
@@ -99,7 +103,7 @@ def test_methods_that_cannot_batch_are_skipped_with_the_reason(batched, capsys):
     assert set(batched.skipped) == {"prompt-lookup-tree", "hf-prompt-lookup"}
     assert "num_candidates=4" in batched.skipped["prompt-lookup-tree"]
     assert "batch size 1 only" in batched.skipped["hf-prompt-lookup"]
-    assert batched.records[0]["provenance"]["skipped_methods"] == batched.skipped
+    assert batched.records[0]["provenance"]["run"]["skipped_methods"] == batched.skipped
     table = batched.table()
     assert "skipped hf-prompt-lookup: transformers' assisted generation supports batch size 1 only" in table
     assert "padding (plain batched)" in table
@@ -115,10 +119,11 @@ def test_padding_overhead_counts_left_padding_and_finished_rows():
     assert padding_overhead([{"method": "plain", "new_tokens": 1}]) is None
 
 
-def test_batch_size_one_records_have_no_batch_fields(target, tokenizer):
+def test_batch_size_one_records_are_batches_of_one_row(target, tokenizer):
     result = bench(target, None, tokenizer, prompts=PROMPTS[:2], methods=["prompt-lookup"], verbose=False)
-    assert not any(name.startswith("batch_") for r in result.records for name in r)
-    assert result.skipped == {} and result.records[0]["provenance"]["batch_size"] == 1
+    assert all(r["batch_rows"] == 1 and r["batch_pad_tokens"] == 0 for r in result.records)
+    assert [r["batch_index"] for r in result.records] == [0, 0, 1, 1]
+    assert result.skipped == {} and result.records[0]["provenance"]["run"]["settings"]["batch_size"] == 1
 
 
 @pytest.mark.parametrize("batch_size", [0, True, 1.5])

@@ -1,6 +1,7 @@
 """Tests of hf_speculators.benchmark: prompt loading, records, summary and the exactness check."""
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -15,8 +16,10 @@ from hf_speculators import benchmark, cli  # noqa: E402
 from hf_speculators.benchmark import (  # noqa: E402
     DEFAULT_METHODS,
     EXIT_LAYER_METHODS,
+    BenchSettings,
     Prompt,
     load_prompts,
+    named_methods,
     run_benchmark,
     summarize,
 )
@@ -58,9 +61,15 @@ def draft():
     return tiny_llama(1, seed=1)
 
 
-def bench(target, draft, tokenizer, prompts=PROMPTS, **kwargs):
+SETTINGS = {field.name for field in dataclasses.fields(BenchSettings)}
+
+
+def bench(target, draft, tokenizer, prompts=PROMPTS, methods=DEFAULT_METHODS, **kwargs):
+    """`run_benchmark` of the named `methods`, the keywords split between `named_methods` and `BenchSettings`."""
     kwargs = {"max_new_tokens": NEW_TOKENS, "num_draft_tokens": K, **kwargs}
-    return run_benchmark(target, draft, tokenizer, prompts, **kwargs)
+    settings = BenchSettings(**{name: value for name, value in kwargs.items() if name in SETTINGS})
+    named = named_methods(methods, **{name: value for name, value in kwargs.items() if name not in SETTINGS})
+    return run_benchmark(target, tokenizer, prompts, named, settings, draft=draft)
 
 
 # ---------------------------------------------------------------- load_prompts
@@ -147,7 +156,7 @@ def test_run_benchmark_needs_draft_for_draft_methods(target, tokenizer):
 
 def test_run_benchmark_rejects_too_many_new_tokens(target, draft, tokenizer):
     with pytest.raises(ValueError, match="leaves no room for a prompt.*lower max_new_tokens"):
-        run_benchmark(target, draft, tokenizer, PROMPTS, max_new_tokens=64, verbose=False)
+        bench(target, draft, tokenizer, max_new_tokens=64, verbose=False)
 
 
 # ---------------------------------------------------------------- run_benchmark: end to end
@@ -187,10 +196,13 @@ def test_jsonl_records(run, target):
     assert all(r["provenance"] == provenance for r in lines)
     assert provenance["transformers_version"] and provenance["torch_version"] and provenance["timestamp"]
     assert (provenance["device"], provenance["dtype"], provenance["num_threads"]) == ("cpu", "float32", 1)
-    assert (provenance["num_draft_tokens"], provenance["max_new_tokens"], provenance["max_ngram_size"]) == (K, 8, 2)
-    assert provenance["hf_assisted_config"] == {
-        "num_assistant_tokens": K, "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0
-    }
+    run = provenance["run"]
+    assert run["settings"]["max_new_tokens"] == NEW_TOKENS and not run["settings"]["do_sample"]
+    assert run["methods"]["hf-prompt-lookup"] == {"engine": "transformers", "method": "prompt-lookup",
+                                                  "num_draft_tokens": K, "max_ngram_size": 2}
+    assert run["methods"]["draft-model"]["num_draft_tokens"] == K
+    assert provenance["assistant_config"] == {"num_assistant_tokens_schedule": "constant",
+                                              "assistant_confidence_threshold": 0.0}
 
 
 def test_run_leaves_global_state_alone(run, draft):
@@ -230,7 +242,7 @@ def test_mismatch_is_reported(target, draft, tokenizer, monkeypatch, capsys):
 
     def broken_prompt_lookup(method, *args):
         kwargs = make_kwargs(method, *args)
-        if method == "prompt-lookup":  # forbid every token but one: the output can no longer match plain greedy
+        if method.engine == "hf_speculators" and method.config.method == "prompt-lookup":  # forbid every token but one: the output can no longer match plain greedy
             kwargs["suppress_tokens"] = [t for t in range(target.config.vocab_size) if t != 5]
         return kwargs
 
@@ -293,8 +305,8 @@ def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target
     assert by_name["plain"]["draft_lengths"] is None
     assert all(r["num_steps_without_draft"] is not None for r in result.records if r["method"].startswith("draft"))
     assert result.summary["all"]["draft-model[k=3]"]["mean_draft_length"] <= 3
-    assert result.records[0]["provenance"]["variants"] == [[1, "constant"], [3, "constant"], [3, "goodput"],
-                                                            [2, "heuristic"]]
+    methods = result.records[0]["provenance"]["run"]["methods"]
+    assert methods["draft-model[goodput,k<=3]"]["num_draft_tokens_schedule"] == "goodput"
 
 
 @pytest.mark.parametrize(("variants", "message"), [([(0, "constant")], "num_draft_tokens must be an integer >= 1"),
@@ -309,3 +321,24 @@ def test_cli_variants_parse():
     assert args.variants == [(1, "constant"), (2, "constant"), (6, "goodput")]
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--variants", "goodput:x"])
+
+
+# ---------------------------------------------------------------- half precision: near-ties apart from mismatches
+
+
+@pytest.mark.parametrize("dtype, tied, expected", [(torch.bfloat16, True, "near-tie"), (torch.bfloat16, False, "mismatch"),
+                                                    (torch.float32, True, "mismatch")])
+def test_a_first_divergence_at_a_near_tie_is_not_a_mismatch_in_half_precision(dtype, tied, expected):
+    model = tiny_llama(2, seed=0).to(dtype)
+    prompt = torch.tensor([[5, 6, 7]])
+    logits = model(prompt).logits[0, -1]
+    best, second = logits.float().topk(2).indices.tolist()
+    if tied:  # the second-best token's output row made the best's: their logits tie exactly
+        with torch.no_grad():
+            model.lm_head.weight[second] = model.lm_head.weight[best]
+    batch = benchmark.Batch([0], prompt, None, [3], [False])
+    plain = benchmark._Run(torch.tensor([best, 9]), 1.0, 2, 0.5, None)
+    other = benchmark._Run(torch.tensor([second, 9]), 1.0, 2, 0.5, None)
+    assert benchmark._divergence(model, batch, 0, other, plain, exact=True) == expected
+    assert benchmark._divergence(model, batch, 0, plain, plain, exact=True) is None
+    assert benchmark._divergence(model, batch, 0, other, plain, exact=False) is None

@@ -174,7 +174,7 @@ def test_the_bench_runs_layer_skip_with_a_ranked_draft_vocab(zoo, tokenizer, tmp
               "--out", str(tmp_path / "b.jsonl")]
     assert main([*common, "--draft-vocab", str(tmp_path / "ranking.json"), "--draft-vocab-size", "4"]) == 0
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
-    assert {r["provenance"]["draft_vocab_size"] for r in records} == {4}
+    assert {r["provenance"]["run"]["methods"]["layer-skip"]["draft_vocab_size"] for r in records} == {4}
     assert all(r["identical_to_plain"] for r in records)
     assert main([*common, "--draft-vocab-size", "4"]) == 2
     assert "--draft-vocab-size takes the first ids of a token ranking" in capsys.readouterr().err

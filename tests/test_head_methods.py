@@ -10,7 +10,7 @@ from tiny_models import build_model, build_tokenizer
 
 import hf_speculators as hs
 from hf_speculators import cli
-from hf_speculators.benchmark import run_benchmark
+from hf_speculators.benchmark import BenchSettings, named_methods, run_benchmark
 from hf_speculators.heads.medusa import MedusaHeads
 from hf_speculators.heads.medusa_formats import save_medusa_heads
 from hf_speculators.methods import HEAD_METHODS, make_drafter, method_config
@@ -59,12 +59,13 @@ def test_a_checkpoint_folder_is_a_preset(target, heads):
 
 def test_the_bench_runs_every_head_method_exactly(target, heads, tmp_path):
     out_path = tmp_path / "bench.jsonl"
-    result = run_benchmark(target, None, build_tokenizer(), ["abcabc", "x=1"], list(HEAD_METHODS), max_new_tokens=8,
-                           num_draft_tokens=2, out_path=out_path, verbose=False, tree_top_k=2, tree_nodes=4, **heads)
+    methods = named_methods(list(HEAD_METHODS), num_draft_tokens=2, tree_top_k=2, tree_nodes=4, **heads)
+    settings = BenchSettings(max_new_tokens=8, out_path=out_path, verbose=False)
+    result = run_benchmark(target, build_tokenizer(), ["abcabc", "x=1"], methods, settings)
     assert result.ok and not result.mismatches
     records = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert {r["method"] for r in records} == {"plain", *HEAD_METHODS}
-    assert {r["provenance"]["eagle_head"] for r in records} == {heads["eagle_head"]}
+    assert {r["provenance"]["run"]["methods"]["eagle3"]["draft_model"] for r in records} == {heads["eagle_head"]}
 
 
 def test_the_bench_times_the_heads_as_draft_time(heads):

@@ -313,5 +313,5 @@ def test_draft_alone_over_a_preset_without_a_draft_model_drafts_with_it():
     assert args.preset == "demo-prompt-lookup"  # the default preset: prompt lookup, no draft model
     config = cli.config_from_args(args)
     assert (config.method, config.draft_model, config.max_ngram_size) == ("draft-model", "org/draft", None)
-    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", "--method", "tree"])
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", "--method", "draft-model-tree"])
     assert cli.config_from_args(args).method == "tree"

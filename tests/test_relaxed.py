@@ -11,7 +11,7 @@ from speculative_helpers import speculative_generate as speculative
 from tiny_models import VOCAB_SIZE
 
 import hf_speculators as hs
-from hf_speculators.benchmark import run_benchmark
+from hf_speculators.benchmark import BenchSettings, named_methods, run_benchmark
 from hf_speculators.cli import main
 from hf_speculators.sweep import default_verifiers, plot_sweep, run_sweep, sweep_table
 from hf_speculators.verifiers import resolve_verifier
@@ -162,18 +162,21 @@ def test_relaxed_accepts_more_than_exact(target, draft):
 
 
 def test_bench_records_relaxed_methods_as_not_exact(target, draft, tokenizer):
-    result = run_benchmark(target, draft, tokenizer, PROMPTS, ["prompt-lookup-tree", "draft-model-tree"],
-                           max_new_tokens=8, num_draft_tokens=3, verifier="typical", tree_nodes=6, verbose=False)
+    methods = named_methods(["prompt-lookup-tree", "draft-model-tree"], num_draft_tokens=3, verification="typical",
+                            tree_nodes=6)
+    result = run_benchmark(target, tokenizer, PROMPTS, methods, BenchSettings(max_new_tokens=8, verbose=False),
+                           draft=draft)
     assert result.ok  # differing outputs of relaxed methods are not mismatches
     relaxed = [r for r in result.records if r["method"] != "plain"]
     assert relaxed and all(not r["exact"] and r["lossless"] is False and r["verifier"] == "typical" for r in relaxed)
-    assert result.records[0]["provenance"]["verifier"].startswith("TypicalVerifier(")
+    assert {m["verification"] for m in result.records[0]["provenance"]["run"]["methods"].values()} == {"typical"}
 
 
 def test_sweep(target, draft, tokenizer, tmp_path):
     verifiers = [hs.TypicalVerifier(0.09), hs.TopKVerifier(2, 1.0)]  # no exact: the sweep adds it, first
     drafter = hs.TreeDrafter(draft, hs.DynamicTree(depth=3, top_k=2, num_nodes=6))
-    points = run_sweep(target, tokenizer, PROMPTS, drafter, verifiers, max_new_tokens=8, out_path=tmp_path / "s.jsonl")
+    points = run_sweep(target, tokenizer, PROMPTS, drafter, verifiers,
+                       BenchSettings(max_new_tokens=8, out_path=tmp_path / "s.jsonl"))
     assert [p.verifier for p in points] == ["ExactVerifier()", repr(verifiers[0]), repr(verifiers[1])]
     exact = points[0]
     assert exact.relative_log_likelihood == 0.0 and exact.identical_share == 1.0 and exact.log_likelihood < 0

@@ -24,7 +24,7 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
 from hf_speculators import build, cli, loading  # noqa: E402
-from hf_speculators.benchmark import run_benchmark  # noqa: E402
+from hf_speculators.benchmark import BenchSettings, run_benchmark  # noqa: E402
 from hf_speculators.chat import encode_prompt, use_chat_template  # noqa: E402
 from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
@@ -88,9 +88,15 @@ def prompt_inputs(tokenizer):
 @pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
 def test_auto_device_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2 if cuda else 0)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert resolve_device("auto") == expected
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"  # a chosen device stays
+    assert resolve_device("cpu") == "cpu"  # a chosen device stays, once checked
+    if cuda:
+        assert resolve_device("cuda:1") == "cuda:1"
+    else:
+        with pytest.raises(ValueError, match=r"device 'cuda:1' is not available: .* Use device 'cpu' or 'auto'"):
+            resolve_device("cuda:1")
 
 
 def test_auto_dtype_is_the_checkpoints_on_an_accelerator_and_float32_on_a_cpu():
@@ -126,6 +132,8 @@ def test_models_load_straight_onto_their_device(monkeypatch, saved):
         return Loaded()
 
     monkeypatch.setattr(loading.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     load_model(saved["target"], "auto", "cuda:1")
     assert calls[0]["device_map"] == {"": "cuda:1"} and calls[0]["dtype"] == "auto"
 
@@ -162,10 +170,10 @@ def test_a_system_prompt_with_no_chat_is_a_clear_error(chat_tokenizer):
 def test_the_benchmark_applies_the_template_by_default_when_asked_for_auto(saved, chat_tokenizer):
     target = load_model(saved["chat-target"])
     for system, expected in ((None, "[user]ab[assistant]"), ("s", "[system]s[user]ab[assistant]")):
-        result = run_benchmark(target, None, chat_tokenizer, ["ab"], [], NEW_TOKENS, chat_template=None,
-                               system_prompt=system, verbose=False)
+        settings = BenchSettings(max_new_tokens=NEW_TOKENS, chat_template=None, system_prompt=system, verbose=False)
+        result = run_benchmark(target, chat_tokenizer, ["ab"], {}, settings)
         assert result.records[0]["prompt_tokens"] == len(expected)
-        assert result.records[0]["provenance"]["chat_template"] is True
+        assert result.records[0]["provenance"]["run"]["settings"]["chat_template"] is True
 
 
 def test_cli_chat_on_a_tokenizer_without_a_template_fails_before_loading(saved, capsys, monkeypatch):

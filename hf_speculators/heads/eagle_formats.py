@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig
 
 from .eagle import Eagle3Head, EagleHead
+from ..folders import write_folder
 from .files import read_json, read_weights
 
 EAGLE_FORMATS = ("speculators-eagle3", "safeailab-eagle3", "safeailab-eagle", "speculators-eagle")
@@ -217,7 +218,7 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, *, verifier_name_or_p
 
     Args:
         head (`Eagle3Head`): the head to save.
-        folder (`str` or `Path`): created if needed.
+        folder (`str` or `Path`): created if needed; written all at once (`hf_speculators.folders.write_folder`).
         verifier_name_or_path (`str`): the target model (`speculators_config.verifier.name_or_path`).
         verifier_architectures (`list[str]`, *optional*): e.g. `["LlamaForCausalLM"]`.
         num_draft_tokens (`int`, defaults to 3): `speculative_tokens` of the greedy proposal method.
@@ -226,8 +227,6 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, *, verifier_name_or_p
     Returns:
         `Path`: the folder.
     """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     config = {
         "speculators_model_type": "eagle3",
         "architectures": ["Eagle3Speculator"],
@@ -252,6 +251,8 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, *, verifier_name_or_p
         t2d = torch.zeros(head.vocab_size, dtype=torch.bool)
         t2d[torch.arange(len(head.d2t)) + state["d2t"]] = True
         state["t2d"] = t2d
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
+    def write(temporary: Path) -> None:
+        (temporary / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file(state, str(temporary / "model.safetensors"), metadata={"format": "pt"})
+
+    return write_folder(folder, write)  # all at once: an interrupted save leaves nothing half-written

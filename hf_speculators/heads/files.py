@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import snapshot_download
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ..loading import looks_local, resolve_model_id
+from ..loading import looks_local, reading, resolve_model_id
 
 # what a head reader may need from a repository: its config and weights, never code
 HEAD_FILE_PATTERNS = ("*.json", "*.safetensors", "*.bin", "*.pt")
@@ -20,7 +21,7 @@ def head_folder(repo_id_or_path: str, revision: str | None = None, token: str | 
 
     Raises:
         `FileNotFoundError`: a local path that does not exist or is not a folder.
-        `OSError`: a Hub repo that cannot be fetched (from huggingface_hub).
+        `OSError`: a Hub repo that cannot be fetched (offline, no such repo, no access).
     """
     name = resolve_model_id(repo_id_or_path)
     path = Path(name).expanduser()
@@ -31,7 +32,8 @@ def head_folder(repo_id_or_path: str, revision: str | None = None, token: str | 
             f"Draft head checkpoint {repo_id_or_path!r} is not a folder: pass the folder holding its config.json and "
             "weights, or a Hub id such as 'RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3'."
         )
-    return Path(snapshot_download(name, revision=revision, token=token, allow_patterns=list(HEAD_FILE_PATTERNS)))
+    with reading(name, "Draft head checkpoint"):
+        return Path(snapshot_download(name, revision=revision, token=token, allow_patterns=list(HEAD_FILE_PATTERNS)))
 
 
 def read_json(path: Path) -> dict:
@@ -51,14 +53,18 @@ def read_weights(folder: Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
 
     Raises:
         `FileNotFoundError`: none of `names` is in `folder` (the message lists them).
-        `ValueError`: a pickle holding anything but tensors (refused by `weights_only`), or not a mapping.
+        `ValueError`: a safetensors file that cannot be read (corrupted or truncated), a pickle holding anything but
+            tensors (refused by `weights_only`), or not a mapping.
     """
     for name in names:
         path = folder / name
         if not path.is_file():
             continue
         if path.suffix == ".safetensors":
-            return load_file(str(path))
+            try:
+                return load_file(str(path))
+            except (SafetensorError, OSError) as error:
+                raise ValueError(f"{path}: not a readable safetensors file ({error}); save or download it again.") from None
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # pickle.UnpicklingError for anything but tensors and containers

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..folders import write_folder
 from .files import read_json, read_weights
 from .medusa import MedusaHeads
 
@@ -109,7 +110,8 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, *, weights: str = 
 
     Args:
         heads (`MedusaHeads`): the heads.
-        folder (`str` or `Path`): created if missing; `config.json` and the weight file are overwritten.
+        folder (`str` or `Path`): created if missing; `config.json` and the weight file are overwritten, all at once
+            (`hf_speculators.folders.write_folder`).
         weights (`str`, defaults to `"safetensors"`): `"safetensors"` (`medusa_lm_head.safetensors`) or `"pt"`
             (`medusa_lm_head.pt`, a `torch.save` state dict as Medusa v0.1 shipped; v0.1 only).
         base_model_name_or_path (`str`, *optional*): the target the heads were trained for, recorded in the config.
@@ -124,17 +126,18 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, *, weights: str = 
     if weights not in ("safetensors", "pt") or (weights == "pt" and not heads.has_lm_heads):
         raise ValueError(f"weights must be 'safetensors', or 'pt' for heads with their own LM heads (Medusa v0.1), "
                          f"got {weights!r}.")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     config = {"medusa_num_heads": heads.num_heads, "medusa_num_layers": heads.num_layers,
               "base_model_name_or_path": base_model_name_or_path}
     if not heads.has_lm_heads:
         config["version"] = "2"
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {name.removeprefix("heads."): tensor.detach().to(dtype or tensor.dtype).cpu().contiguous()
              for name, tensor in heads.state_dict().items()}
-    if weights == "safetensors":
-        save_file(state, str(folder / WEIGHT_FILES[0]))
-    else:
-        torch.save(state, folder / WEIGHT_FILES[1])
-    return folder
+
+    def write(temporary: Path) -> None:
+        (temporary / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if weights == "safetensors":
+            save_file(state, str(temporary / WEIGHT_FILES[0]))
+        else:
+            torch.save(state, temporary / WEIGHT_FILES[1])
+
+    return write_folder(folder, write)  # all at once: an interrupted save leaves nothing half-written
