@@ -31,7 +31,7 @@ def microseconds_per_step(name: str, bound: int, steps: list[tuple]) -> float:
     start = time.perf_counter()
     for k, accepted, draft_seconds, verify_seconds in steps:
         schedule.draft_length  # what the loop reads before a step
-        schedule.update(k, k, k, accepted, draft_seconds, verify_seconds)
+        schedule.update(k, [k], [k], [accepted], draft_seconds, verify_seconds)  # one row
     return (time.perf_counter() - start) / len(steps) * 1e6
 
 

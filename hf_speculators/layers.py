@@ -5,8 +5,6 @@ import inspect
 import torch
 from transformers import Cache
 
-from .tree import TokenTree
-
 # families whose forward is exactly: embeddings (+ learned positions), decoder layers, final norm, LM head; the
 # layer-by-layer run below reproduces their logits (tested token for token); others may scale embeddings
 # (Gemma), cap logits (Gemma 2) or mix layers (Falcon) in ways a layer-by-layer run would silently miss
@@ -85,13 +83,6 @@ class DecoderLayers:
             hidden_states = hidden_states + self.learned_positions(position_ids)
         return hidden_states
 
-    def chain_mask(self, num_prefix: int, num_tokens: int, device: torch.device) -> torch.FloatTensor | None:
-        """The causal mask of the last `num_tokens` of `num_prefix` tokens of one sequence (see `run`): `None` for
-        one token, which attends to every cached token, else `(1, 1, num_tokens, num_prefix)`."""
-        if num_tokens == 1:
-            return None
-        return TokenTree.chain(0, device).attention_mask(num_prefix, num_tokens, self.dtype)
-
     def run(self, hidden_states: torch.FloatTensor, position_ids: torch.LongTensor, layers: range, cache: Cache,
             mask: torch.FloatTensor | None) -> torch.FloatTensor:
         """Runs decoder layers `layers` over `hidden_states` after the tokens each of them holds in `cache`.
@@ -103,8 +94,8 @@ class DecoderLayers:
             layers (`range`): the layer indices to run, in order.
             cache (`Cache`): the model's cache; each of `layers` holds the same slots before the call.
             mask (`torch.FloatTensor` of shape `(batch_size, 1, num_tokens, num_cached + num_tokens)`, *optional*):
-                the additive attention mask (`chain_mask`, or `RaggedCache.additive_mask` for a batch); `None` for one
-                sequence's one token.
+                the additive attention mask (`RaggedCache.additive_mask`); `None` for one token per row that
+                attends to every cached slot (a cache without holes).
 
         Returns:
             `torch.FloatTensor` of shape `(batch_size, num_tokens, hidden_size)`: the output of `layers[-1]`.

@@ -8,7 +8,7 @@ start at its exit layer from the hidden states it drafted with (`Resume`), so no
 
 import torch
 
-from .cache import RaggedCache
+from .cache import RaggedCache, truncate_layers
 from .drafters.base import Resume, TargetNeeds
 from .layers import DecoderLayers
 from .query import Query, forward
@@ -121,5 +121,9 @@ class TargetForward:
         _, position_ids = cache.query_inputs(query, self._layers.dtype)
         mask = cache.additive_mask(query.valid, self._layers.dtype, query.visible).to(device)
         late = range(resume.exit_layer, self._layers.num_layers)
-        hidden_states = self._layers.run(resume.hidden_states, position_ids.to(device), late, cache.cache, mask)
+        try:
+            hidden_states = self._layers.run(resume.hidden_states, position_ids.to(device), late, cache.cache, mask)
+        except BaseException:  # an interrupted step leaves no slot in any layer, the drafted early ones included
+            truncate_layers(cache.cache, cache.num_slots)
+            raise
         return self._layers.logits(hidden_states[:, -(num_logits or query.input_ids.shape[1]):])

@@ -3,11 +3,13 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig
 
 import hf_speculators as hs
-import hf_speculators.batch_decoding as batch_decoding
+from hf_speculators import loop
 from hf_speculators.cache import RaggedCache
+from hf_speculators.query import Query
+from hf_speculators.target import TargetForward
 from hf_speculators.layers import DecoderLayers
 from batch_helpers import PAD, batched_generate, laid_out
 from speculative_helpers import PROMPTS
@@ -86,14 +88,14 @@ def test_every_layer_sees_each_slot_once_and_no_full_forward_runs_after_prefill(
 @pytest.mark.parametrize("max_holes", [0, 10**6])
 def test_compacting_every_step_or_never_changes_nothing(deep_targets, monkeypatch, max_holes):
     """Compaction gathers every layer's slots, the drafted early ones included; holes may also pile up."""
-    monkeypatch.setattr(batch_decoding, "RaggedCache", lambda cache, valid, _: RaggedCache(cache, valid, max_holes))
+    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, _: RaggedCache(cache, valid, max_holes))
     model = deep_targets["gpt_neox"]
     out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3))
     assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
 
 
 def test_one_token_prompts_draft_from_the_first_step(deep_targets):
-    """Without a prefill forward the drafter has not seen the batch's cache yet; the first step drafts anyway."""
+    """Without a prefill forward the cache is still empty; the first step drafts into it anyway."""
     model, prompts = deep_targets["qwen2"], ((33,), (71,), (5,))
     events = []
     hooks = [model.register_forward_pre_hook(lambda module, args: events.append("whole model")),
@@ -129,12 +131,12 @@ def test_batched_sampling_is_seeded(deep_targets):
 
 def test_verifying_other_slots_than_the_drafted_ones_raises(deep_targets):
     model = deep_targets["llama"]
-    cache = DynamicCache(config=model.config)
+    ragged = RaggedCache(DynamicCache(config=model.config), torch.zeros(2, 0, dtype=torch.bool))
     drafter = hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=3)
-    drafter.prepare(model, GenerationConfig(do_sample=False), LogitsProcessorList(), None, cache=cache)
-    ragged = RaggedCache(cache, torch.zeros(2, 0, dtype=torch.bool))
-    drafts = drafter.propose_batch([torch.tensor([[4, 8]]), torch.tensor([[7]])], [3, 1], [0, 1])
+    state = drafter.new_state(model, GenerationConfig(do_sample=False), cache=ragged, batch_size=2)
+    drafts = drafter.propose(state, [torch.tensor([[4, 8]]), torch.tensor([[7]])], [3, 1], [0, 1])
     assert [draft.num_nodes for draft in drafts] == [3, 1]
-    query = torch.zeros(2, 4, dtype=torch.long)
-    with pytest.raises(RuntimeError, match="must score the chains its last propose_batch"):
-        drafter.target_forward_batch(model, ragged, query, torch.ones(2, 4, dtype=torch.bool))
+    assert state.resume.valid.tolist() == [[True] * 4, [True, True, False, False]]
+    query = Query.chain(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="must cover exactly the query slots the loop built"):
+        TargetForward(model, drafter.target_needs(model))(ragged, query, state.resume)

@@ -23,10 +23,10 @@ class RecordingLayerSkip(hs.LayerSkipDrafter):
 
     drafted: list[int] = []
 
-    def propose(self, input_ids, max_tokens):
-        draft = super().propose(input_ids, max_tokens)
-        self.drafted += draft.token_ids.tolist()
-        return draft
+    def propose(self, state, input_ids, max_tokens, rows):
+        drafts = super().propose(state, input_ids, max_tokens, rows)
+        self.drafted += [token for draft in drafts for token in draft.token_ids.tolist()]
+        return drafts
 
 
 @pytest.fixture(scope="module")

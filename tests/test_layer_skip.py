@@ -219,7 +219,29 @@ def test_transformers_own_assisted_loop_gets_a_clear_error():
         hs.LayerSkipDrafter(exit_layer=1).get_candidates(prompt_ids("random"))
 
 
-def test_prepare_without_the_targets_cache_raises(deep_targets):
+def test_starting_without_the_targets_cache_raises(deep_targets):
     with pytest.raises(ValueError, match="drafts into the target's own KV cache"):
-        hs.LayerSkipDrafter(exit_layer=1).prepare(deep_targets["llama"], GenerationConfig(), LogitsProcessorList(),
-                                                  None)
+        hs.LayerSkipDrafter(exit_layer=1).new_state(deep_targets["llama"], GenerationConfig())
+
+
+@pytest.mark.parametrize("implementation", ["flash_attention_2", "paged_attention"])
+def test_an_attention_implementation_without_custom_masks_raises_before_any_forward(implementation):
+    model = build_model("llama", num_layers=2)
+    model.config._attn_implementation = implementation  # set directly: the kernels are not installed here
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    with pytest.raises(ValueError, match=rf"attn_implementation='{implementation}' cannot take: load the target "
+                                         r"with attn_implementation=\"sdpa\""):
+        speculative_generate(model, prompt_ids("random"), hs.LayerSkipDrafter(exit_layer=1))
+    assert not forwards
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_eager_and_sdpa_targets_are_exact(implementation):
+    model = build_model("llama", hidden_size=48, num_layers=NUM_LAYERS, seed=1)
+    model.set_attn_implementation(implementation)
+    input_ids = prompt_ids("random")
+    expected = plain_generate(model, input_ids, max_new_tokens=MAX_NEW_TOKENS)
+    out = speculative_generate(model, input_ids, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3),
+                               max_new_tokens=MAX_NEW_TOKENS)
+    assert out.tolist() == expected.tolist()
