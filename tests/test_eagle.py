@@ -21,6 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteri
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_speculators as hs
+from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
@@ -67,13 +68,14 @@ def saved(tmp_path_factory):
 
 
 class RecordingEagle(EagleDrafter):
-    """Keeps the first draft token of each step, by committed length."""
+    """Keeps the first draft token of each step, by committed length (one sequence)."""
 
-    def propose(self, input_ids, max_tokens):
-        draft = super().propose(input_ids, max_tokens)
-        if draft.num_nodes:
-            self.first_tokens[input_ids.shape[1]] = int(draft.token_ids[0])
-        return draft
+    def propose(self, state, input_ids, max_tokens, rows):
+        drafts = super().propose(state, input_ids, max_tokens, rows)
+        for ids, draft in zip(input_ids, drafts):
+            if draft.num_nodes:
+                self.first_tokens[ids.shape[1]] = int(draft.token_ids[0])
+        return drafts
 
 
 def run(target, folder, prompt="random", **drafter_kwargs):
@@ -110,7 +112,7 @@ def test_default_feature_layers_are_2_half_and_minus_3_in_that_order(targets, tm
     folder = save_in_format(random_eagle3(20, aux_layer_ids=None), tmp_path, "speculators-eagle3")
     assert json.loads((folder / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] is None
     out, drafter = run(target, folder, num_draft_tokens=3)
-    assert drafter.feature_points(target) == ([2, 2, 1], False)
+    assert drafter.target_needs(target) == TargetNeeds(layer_ids=(2, 2, 1), final_norm=False)
     assert_same_tokens(out.sequences, plain_generate(target, prompt_ids("random")))
     check_first_drafts(drafter, folder, "speculators-eagle3", target, out.sequences)
 
@@ -177,7 +179,7 @@ def test_sampled_chain_drafts_carry_zero_probability_outside_the_draft_vocabular
     drafter = EagleDrafter.from_pretrained(str(fitted), num_draft_tokens=3)
     drafts = []
     original = drafter.propose
-    drafter.propose = lambda input_ids, max_tokens: drafts.append(original(input_ids, max_tokens)) or drafts[-1]
+    drafter.propose = lambda *args: drafts.extend(original(*args)) or drafts[-1:]
     speculative_generate(targets["llama"], prompt_ids("random"), drafter, do_sample=True, top_k=0,
                          generator=torch.Generator().manual_seed(0))
     outside = torch.ones(VOCAB_SIZE, dtype=torch.bool)

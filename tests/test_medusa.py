@@ -91,10 +91,10 @@ def recorded(drafter: MedusaDrafter) -> list:
     """Makes `drafter` keep `(committed length, draft)` of every step; returns that list."""
     steps, propose = [], drafter.propose
 
-    def recording(input_ids, max_tokens):
-        draft = propose(input_ids, max_tokens)
-        steps.append((input_ids.shape[1], draft))
-        return draft
+    def recording(state, input_ids, max_tokens, rows):
+        drafts = propose(state, input_ids, max_tokens, rows)
+        steps.extend((ids.shape[1], draft) for ids, draft in zip(input_ids, drafts))
+        return drafts
 
     drafter.propose = recording
     return steps
