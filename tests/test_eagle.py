@@ -2,6 +2,7 @@
 reference forward of the format's definition, lossless sampling with a reduced draft vocabulary, format detection,
 the speculators round trip, and every error."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -186,6 +187,44 @@ def test_sampled_chain_drafts_carry_zero_probability_outside_the_draft_vocabular
     outside[torch.arange(64) + drafter.head.d2t] = False
     probs = torch.cat([draft.draft_probs for draft in drafts])
     assert probs[:, outside].sum() == 0 and torch.allclose(probs.sum(-1), torch.ones(len(probs)))
+
+
+# ---------------------------------------------------------------- the head on the target's device and dtype
+
+
+def test_a_head_of_another_dtype_is_copied_never_changed(targets, fitted):
+    """A head the user passed stays as it is: the drafter runs a converted copy, made once per (device, dtype)."""
+    target = copy.deepcopy(targets["llama"]).double()
+    head = load_eagle_head(fitted)
+    drafter = EagleDrafter(head, num_draft_tokens=3)
+    for _ in range(2):
+        out = speculative_generate(target, prompt_ids("random"), drafter, return_dict_in_generate=True)
+        assert_same_tokens(out.sequences, plain_generate(target, prompt_ids("random")))
+    assert out.speculative_stats.num_accepted_tokens > 0
+    assert {parameter.dtype for parameter in head.parameters()} == {torch.float32}
+    converted = drafter.module_for(torch.device("cpu"), torch.float64)
+    assert converted is not head and {parameter.dtype for parameter in converted.parameters()} == {torch.float64}
+    assert list(drafter._converted.values()) == [converted]  # one copy, reused by the second call
+
+
+def test_a_dtype_change_converts_the_config_built_head_without_reloading(targets, fitted, monkeypatch):
+    """`speculative_config=` builds the drafter once; on a target moved to another dtype the same drafter serves
+    (its own head moved in place), nothing is read from disk again."""
+    import hf_speculators.drafters.eagle as eagle_module
+
+    loads, load = [], eagle_module.load_eagle_head
+    monkeypatch.setattr(eagle_module, "load_eagle_head", lambda folder: loads.append(folder) or load(folder))
+    target = copy.deepcopy(targets["llama"])
+    config = hs.SpeculativeConfig(method="eagle3", draft_model=str(fitted), num_draft_tokens=3)
+    outputs = []
+    for dtype in (torch.float32, torch.float64):
+        target.to(dtype)
+        outputs.append(target.generate(prompt_ids("random"), custom_generate=hs.generate, speculative_config=config,
+                                       do_sample=False, max_new_tokens=24))
+        assert_same_tokens(outputs[-1], plain_generate(target, prompt_ids("random")))
+    assert len(loads) == 1
+    head = target._hf_speculators_built.drafter.head
+    assert {parameter.dtype for parameter in head.parameters()} == {torch.float64}
 
 
 # ---------------------------------------------------------------- formats

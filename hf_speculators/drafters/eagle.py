@@ -39,17 +39,14 @@ class _DraftSlots:
 
     Args:
         cache (`RaggedCache`): the head's cache, holding each row's committed pairs.
+        one_row (`bool`): whether the cache has one row and no holes: a chain's nodes then need no mask.
     """
 
-    def __init__(self, cache: RaggedCache):
-        self.cache = cache
-        self.valid = torch.zeros(cache.batch_size, 0, dtype=torch.bool)  # which fed slots hold a node
-        self.visible: torch.BoolTensor | None = None  # which fed slots each fed slot sees (trees)
-        self._one_row = cache.batch_size == 1 and bool(cache.valid.all())  # nothing to hide: no mask for chains
-
-    @property
-    def num_fed(self) -> int:
-        return self.valid.shape[1]
+    def __init__(self, cache: RaggedCache, one_row: bool):
+        self.cache, self.one_row = cache, one_row
+        self.num_fed = 0
+        self._valid: list[torch.BoolTensor] = []  # per forward: which of its slots hold a node
+        self._visible: torch.BoolTensor | None = None  # which fed slots each fed slot sees (trees)
 
     def inputs(self, valid: torch.BoolTensor, depth: int, dtype: torch.dtype,
                sees: torch.BoolTensor | None = None) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
@@ -68,17 +65,19 @@ class _DraftSlots:
             `None` when a single query slot sees every slot (one row of chains).
         """
         num_fed, width = self.num_fed, valid.shape[1]
-        self.valid = torch.cat([self.valid, valid], dim=1)
+        self.num_fed += width
+        self._valid.append(valid)
         position_ids = (self.cache.lengths + depth)[:, None].expand(-1, width)
-        if sees is None and width == 1 and self._one_row:
+        if sees is None and width == 1 and self.one_row:
             return position_ids, None
         if sees is not None:
-            visible = torch.zeros(self.valid.shape[0], num_fed + width, num_fed + width, dtype=torch.bool)
-            if self.visible is not None:
-                visible[:, :num_fed, :num_fed] = self.visible
+            visible = torch.zeros(valid.shape[0], num_fed + width, num_fed + width, dtype=torch.bool)
+            if self._visible is not None:
+                visible[:, :num_fed, :num_fed] = self._visible
             visible[:, num_fed:, :num_fed] = sees
-            self.visible = visible
-        return position_ids, self.cache.additive_mask(self.valid, dtype, self.visible)[:, :, num_fed:]
+            self._visible = visible
+        fed_valid = torch.cat(self._valid, dim=1)  # the fed slots as one query: each sees what `visible` says
+        return position_ids, self.cache.additive_mask(fed_valid, dtype, self._visible)[:, :, num_fed:]
 
     def drop(self) -> None:
         """Drops every fed node from the head's cache: it holds the committed pairs again."""
@@ -223,18 +222,18 @@ class EagleDrafter(HeadDrafter):
             [some[:0] if rows_features is None else rows_features for rows_features in features], batch_first=True)
         token_ids = torch.nn.utils.rnn.pad_sequence(
             [ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)], batch_first=True)
-        valid = torch.arange(features.shape[1]) < torch.tensor(num_new)[:, None]
+        counts, width = torch.tensor(num_new), features.shape[1]
+        valid = torch.arange(width) < counts[:, None]  # each row's new pairs first, then holes
         dtype = state.head.fc.weight.dtype
-        _, position_ids = cache.inputs(valid)
-        one_query = valid.shape[1] == 1 and cache.batch_size == 1 and bool(cache.valid.all())
-        mask = None if one_query else cache.additive_mask(valid, dtype)
+        one_row = cache.batch_size == 1 and bool(cache.valid.all())
+        mask = None if one_row and width == 1 else cache.additive_mask(valid, dtype)
+        position_ids = cache.lengths[:, None] + torch.arange(width)
         feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask)
         cache.append(valid)
-        last = (torch.tensor(num_new) - 1).clamp_min(0).to(logits.device)
-        batch = torch.arange(len(num_new), device=logits.device)
+        last, batch = (counts - 1).clamp_min(0).to(logits.device), torch.arange(len(num_new), device=logits.device)
         feedback, logits = feedback[batch, last], logits[batch, last]  # [batch, H], [batch, vocab]
         # 3. draft from each row's last pair; the draft nodes leave the head's cache afterwards
-        slots = _DraftSlots(cache)
+        slots = _DraftSlots(cache, one_row)
         if self.tree is None:
             drafts = self._chains(state, slots, input_ids, feedback, logits, budgets)
         else:

@@ -65,6 +65,7 @@ class HeadDrafter(Drafter):
         """
         num_rows, num_steps = len(budgets), max(budgets, default=0)
         prefixes, tokens, probs = list(input_ids), [[] for _ in budgets], [[] for _ in budgets]
+        lengths = torch.tensor(budgets)
         for step in range(num_steps):
             drafting = [i for i, budget in enumerate(budgets) if budget > step]
             every_row = len(drafting) == num_rows
@@ -80,7 +81,7 @@ class HeadDrafter(Drafter):
             if not every_row:
                 fed = torch.zeros(num_rows, dtype=torch.long, device=logits.device)
                 fed[drafting] = step_tokens
-            logits = next_logits(step, fed, torch.tensor(budgets) > step + 1)
+            logits = next_logits(step, fed, lengths > step + 1)
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
                 if row_tokens else Draft.empty(ids.device) for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
