@@ -146,7 +146,7 @@ def test_sampled_eagle_chain_is_lossless_per_row(targets):
         assert chi_square(counts[name], table) / chi_square_critical(int((table > 0).sum()) - 1) < 1, name
 
 
-SAMPLING_NAMES = ("random", "repetitive") * 8  # rows alternate two prompts: rows mixed up would show
+SAMPLING_NAMES = ("random", "repetitive") * 16  # rows alternate two prompts: rows mixed up would show
 TREE_CALLS = 40
 
 
@@ -192,9 +192,9 @@ def test_rejection_sampling_with_an_eagle_tree_in_a_batch_is_lossless_per_row(ea
 
 
 def test_the_tree_sampling_test_catches_a_broken_verifier(eagle_tree, monkeypatch):
-    """The same statistic fails by far when a rejected node's token is not taken out of the target's distribution
-    (the next sibling and the recovered token are drawn from p instead of the residual)."""
+    """The same statistic fails (three times its bound) when a rejected node's token is not taken out of the
+    target's distribution (the next sibling and the recovered token are drawn from p instead of the residual)."""
     monkeypatch.setattr(rejection_module, "residual_distribution", lambda target_probs, draft_probs: target_probs)
     model, drafter = eagle_tree
     ratios, _ = eagle_tree_counts(model, drafter, verifier=hs.RejectionVerifier())
-    assert all(ratio > 5 for ratio in ratios.values()), ratios
+    assert all(ratio > 3 for ratio in ratios.values()), ratios

@@ -31,6 +31,13 @@ class EagleState(DraftState):
     pending: dict = field(default_factory=dict)  # row -> list of features `(n, width)` not fed yet
 
 
+def _causal_mask(num_cached: int, width: int, dtype: torch.dtype) -> torch.FloatTensor:
+    """The additive mask `(1, 1, width, num_cached + width)` of `width` new tokens after `num_cached` cached ones of
+    one row without holes: each sees the cached tokens, the new ones before it and itself."""
+    mask = torch.full((width, num_cached + width), torch.finfo(dtype).min, dtype=dtype)
+    return mask.triu_(num_cached + 1)[None, None]
+
+
 class _DraftSlots:
     """The draft nodes fed to the head during one `propose`, after the committed pairs of its `RaggedCache`.
 
@@ -45,6 +52,7 @@ class _DraftSlots:
     def __init__(self, cache: RaggedCache, one_row: bool):
         self.cache, self.one_row = cache, one_row
         self.num_fed = 0
+        self._positions = cache.lengths[:, None]  # [batch, 1] the position of a child of the last committed token
         self._valid: list[torch.BoolTensor] = []  # per forward: which of its slots hold a node
         self._visible: torch.BoolTensor | None = None  # which fed slots each fed slot sees (trees)
 
@@ -54,7 +62,8 @@ class _DraftSlots:
         row, all at tree depth `depth`; afterwards they count as fed.
 
         Args:
-            valid (`torch.BoolTensor` of shape `(batch_size, width)`): which new slots hold a node.
+            valid (`torch.BoolTensor` of shape `(batch_size, width)`, or nested lists of bools): which new slots
+                hold a node.
             depth (`int`): the new nodes' depth (0: children of the last committed token).
             dtype (`torch.dtype`): the head's dtype.
             sees (`torch.BoolTensor` of shape `(batch_size, width, num_fed)`, *optional*): which fed slots each new
@@ -64,10 +73,10 @@ class _DraftSlots:
             `(position_ids, mask)`: the mask is `(batch_size, 1, width, num_slots + num_fed + width)` additive, or
             `None` when a single query slot sees every slot (one row of chains).
         """
-        num_fed, width = self.num_fed, valid.shape[1]
+        num_fed, width = self.num_fed, len(valid[0])
         self.num_fed += width
         self._valid.append(valid)
-        position_ids = (self.cache.lengths + depth)[:, None].expand(-1, width)
+        position_ids = (self._positions + depth).expand(-1, width)
         if sees is None and width == 1 and self.one_row:
             return position_ids, None
         if sees is not None:
@@ -76,7 +85,8 @@ class _DraftSlots:
                 visible[:, :num_fed, :num_fed] = self._visible
             visible[:, num_fed:, :num_fed] = sees
             self._visible = visible
-        fed_valid = torch.cat(self._valid, dim=1)  # the fed slots as one query: each sees what `visible` says
+        # the fed slots as one query: each sees what `visible` says
+        fed_valid = torch.cat([torch.as_tensor(part, dtype=torch.bool) for part in self._valid], dim=1)
         return position_ids, self.cache.additive_mask(fed_valid, dtype, self._visible)[:, :, num_fed:]
 
     def drop(self) -> None:
@@ -222,16 +232,26 @@ class EagleDrafter(HeadDrafter):
             [some[:0] if rows_features is None else rows_features for rows_features in features], batch_first=True)
         token_ids = torch.nn.utils.rnn.pad_sequence(
             [ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)], batch_first=True)
-        counts, width = torch.tensor(num_new), features.shape[1]
-        valid = torch.arange(width) < counts[:, None]  # each row's new pairs first, then holes
-        dtype = state.head.fc.weight.dtype
-        one_row = cache.batch_size == 1 and bool(cache.valid.all())
-        mask = None if one_row and width == 1 else cache.additive_mask(valid, dtype)
+        width, dtype = features.shape[1], state.head.fc.weight.dtype
+        valid = torch.ones(len(num_new), width, dtype=torch.bool)  # each row's new pairs first, then holes
+        for i, count in enumerate(num_new):
+            if count < width:
+                valid[i, count:] = False
+        # a call of one row never leaves a hole in the head's cache: a causal mask (none for one query) serves
+        one_row = state.batch_size == 1
+        if one_row:
+            mask = None if width == 1 else _causal_mask(cache.num_slots, width, dtype)
+        else:
+            mask = cache.additive_mask(valid, dtype)
         position_ids = cache.lengths[:, None] + torch.arange(width)
         feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask)
         cache.append(valid)
-        last, batch = (counts - 1).clamp_min(0).to(logits.device), torch.arange(len(num_new), device=logits.device)
-        feedback, logits = feedback[batch, last], logits[batch, last]  # [batch, H], [batch, vocab]
+        if min(num_new) == width:  # every row's last pair is the last slot
+            feedback, logits = feedback[:, -1], logits[:, -1]  # [batch, H], [batch, vocab]
+        else:
+            last = torch.tensor(num_new, device=logits.device).clamp_min(1) - 1
+            batch = torch.arange(len(num_new), device=logits.device)
+            feedback, logits = feedback[batch, last], logits[batch, last]
         # 3. draft from each row's last pair; the draft nodes leave the head's cache afterwards
         slots = _DraftSlots(cache, one_row)
         if self.tree is None:
@@ -245,9 +265,9 @@ class EagleDrafter(HeadDrafter):
         """Each row's chain of `budgets[i]` tokens, each fed back with the head's output state for the next one."""
         fed_back = feedback[:, None]  # [batch, 1, H]
 
-        def next_logits(step: int, tokens: torch.LongTensor, feeding: torch.BoolTensor) -> torch.FloatTensor:
+        def next_logits(step: int, tokens: torch.LongTensor, feeding: list[bool]) -> torch.FloatTensor:
             nonlocal fed_back
-            position_ids, mask = slots.inputs(feeding[:, None], step, fed_back.dtype)
+            position_ids, mask = slots.inputs([[row] for row in feeding], step, fed_back.dtype)
             fed_back, step_logits = self._run(state, tokens[:, None], fed_back, position_ids, mask)
             return step_logits[:, 0]
 

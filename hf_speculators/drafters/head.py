@@ -59,31 +59,34 @@ class HeadDrafter(Drafter):
             input_ids (`Sequence[torch.LongTensor]`): each row's committed tokens, `(1, sequence_length_i)`.
             logits (`torch.FloatTensor` of shape `(num_rows, vocab_size)`): the draft logits of each row's first token.
             budgets (`Sequence[int]`): each row's chain length (0: no draft).
-            next_logits (`Callable[[int, torch.LongTensor, torch.BoolTensor], torch.FloatTensor]`): given the step
-                s, the tokens it drafted `(num_rows,)` (any id in rows that drafted none) and which rows draft a
-                token at step s + 1 `(num_rows,)`, the draft logits of step s + 1 `(num_rows, vocab_size)`.
+            next_logits (`Callable[[int, torch.LongTensor, list[bool]], torch.FloatTensor]`): given the step s,
+                the tokens it drafted `(num_rows,)` (any id in rows that drafted none) and which rows draft a token
+                at step s + 1, the draft logits of step s + 1 `(num_rows, vocab_size)`.
         """
         num_rows, num_steps = len(budgets), max(budgets, default=0)
-        prefixes, tokens, probs = list(input_ids), [[] for _ in budgets], [[] for _ in budgets]
-        lengths = torch.tensor(budgets)
+        tokens, probs = [[] for _ in budgets], [[] for _ in budgets]
+
+        def prefixes(rows):  # read only when the call has logits processors
+            return (torch.cat([input_ids[i], torch.stack(tokens[i])[None]], dim=-1) if tokens[i] else input_ids[i]
+                    for i in rows)
+
         for step in range(num_steps):
             drafting = [i for i, budget in enumerate(budgets) if budget > step]
             every_row = len(drafting) == num_rows
-            step_tokens, step_probs = state.draft_tokens([prefixes[i] for i in drafting],
-                                                         logits if every_row else logits[drafting])
+            step_tokens, step_probs = state.draft_tokens(prefixes(drafting), logits if every_row else logits[drafting])
             for j, i in enumerate(drafting):
                 tokens[i].append(step_tokens[j])
                 probs[i].append(None if step_probs is None else step_probs[j])
-                prefixes[i] = torch.cat([prefixes[i], step_tokens[j].view(1, 1)], dim=-1)
             if step + 1 == num_steps:
                 break
             fed = step_tokens
             if not every_row:
                 fed = torch.zeros(num_rows, dtype=torch.long, device=logits.device)
                 fed[drafting] = step_tokens
-            logits = next_logits(step, fed, lengths > step + 1)
+            logits = next_logits(step, fed, [budget > step + 1 for budget in budgets])
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
-                if row_tokens else Draft.empty(ids.device) for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+                if row_tokens else Draft.empty(ids.device)
+                for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         raise RuntimeError(

@@ -167,7 +167,8 @@ class MedusaDrafter(HeadDrafter):
     def observe(self, state: MedusaState, feedback: StepFeedback) -> None:
         """Keeps each row's newest feature: the heads read nothing older."""
         for row, features in zip(feedback.rows, feedback.features):
-            state.newest[row] = features[-1]
+            if len(features):  # a one-token prompt keeps nothing in a batch's prefill
+                state.newest[row] = features[-1]
 
     @torch.no_grad()
     def propose(self, state: MedusaState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
