@@ -1,14 +1,15 @@
 """Token-tree drafting with a draft model: a static tree of child ranks (Medusa) or a dynamic tree (EAGLE-2)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ..cache import check_tree_support, truncate
+from ..cache import check_tree_support
+from ..query import Query
 from ..sampling import process_logits
 from ..tree import TokenTree, tree_from_paths
 from ..types import Draft
-from .draft_model import DraftModelDrafter
+from .draft_model import DraftModelDrafter, DraftModelState
 
 
 class DraftNodes:
@@ -154,42 +155,54 @@ def tree_shape(tree) -> "StaticTree | DynamicTree":
     return DynamicTree(**tree)
 
 
-def grow_tree(shape: "StaticTree | DynamicTree", input_ids: torch.LongTensor, logits_processor,
-              root_logits: torch.FloatTensor, max_tokens: int, forward) -> DraftNodes:
-    """Drafts a token tree depth by depth: the expansion loop of every tree drafter.
+def grow_tree(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
+              root_logits: torch.FloatTensor, max_tokens: Sequence[int],
+              forward: Callable[[list[int], list[DraftNodes], list[list[int]]], Sequence[torch.FloatTensor]],
+              ) -> list[DraftNodes]:
+    """Drafts a token tree for each row of a batch, depth by depth: the expansion loop of every tree drafter.
 
-    At each depth the frontier's processed draft scores give its children (`shape.expand`); the next frontier is
-    then fed in one draft forward, each node attending to the committed prefix, its fed ancestors and itself
-    (SpecInfer, Miao et al. 2024), so a tree of depth d costs d - 1 forwards after the root's.
+    At each depth every growing row's frontier gets its children from its processed draft scores (`shape.expand`,
+    the scores of all rows processed in one call); the rows' next frontiers are then fed in one forward
+    (`forward`), each node attending to its row's committed tokens, its fed ancestors and itself (SpecInfer, Miao
+    et al. 2024), so a tree of depth d costs d - 1 forwards after the root's, whatever the number of rows. Rows
+    grow their own trees: shapes differ where the draft's scores do (a `DynamicTree`) or where budgets do.
 
     Args:
-        shape (`StaticTree` or `DynamicTree`): the tree's shape.
-        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the committed tokens.
+        shape (`StaticTree` or `DynamicTree`): the trees' shape.
+        input_ids (`Sequence[torch.LongTensor]`): each row's committed tokens `(1, sequence_length_i)`.
         logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to each node's row.
-        root_logits (`torch.FloatTensor` of shape `(1, vocab_size)`): draft logits after the committed tokens.
-        max_tokens (`int`): the deepest path allowed (>= 1).
-        forward (`Callable[[DraftNodes, list[int], TokenTree], torch.FloatTensor]`): runs the draft over the nodes
-            `frontier` given the tree `fed_tree` of every node fed so far this step (the frontier its last
-            nodes) and returns their logits `(len(frontier), vocab_size)`.
+        root_logits (`torch.FloatTensor` of shape `(num_rows, vocab_size)`): draft logits after each row's
+            committed tokens.
+        max_tokens (`Sequence[int]`): each row's deepest path allowed (0: no tree for that row).
+        forward (`Callable`): `forward(rows, trees, frontiers)` runs the draft once over the nodes `frontiers[j]`
+            of row `rows[j]` (whose nodes so far are `trees[j]`; every other node was fed by an earlier call of
+            this step, the frontier's parents among them) and returns each row's logits
+            `(len(frontiers[j]), vocab_size)`.
 
     Returns:
-        `DraftNodes`: every node drafted; `shape.select(nodes)` keeps the draft's.
+        `list[DraftNodes]`: per row, every node drafted; `shape.select(nodes)` keeps the draft's.
     """
-    nodes, fed, frontier, logits = DraftNodes(), [], [-1], root_logits
-    num_depths = min(shape.depth, max_tokens)
-    for depth in range(num_depths):
-        # children of the frontier nodes from their processed draft scores
-        scores = process_logits(logits_processor, nodes.prefixes(input_ids, frontier), logits)
-        new = shape.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth)
-        frontier = shape.next_frontier(nodes, new)
-        if depth + 1 == num_depths or not frontier:
+    trees = [DraftNodes() for _ in input_ids]
+    frontiers = [[-1] for _ in input_ids]
+    logits = list(root_logits.split(1))  # per row, the logits of its frontier's nodes
+    num_depths = [min(shape.depth, budget) for budget in max_tokens]
+    growing = [i for i, depths in enumerate(num_depths) if depths > 0]
+    for depth in range(max(num_depths, default=0)):
+        # children of the frontier nodes from their processed draft scores, every growing row at once
+        prefixes = (prefix for i in growing for prefix in trees[i].prefixes(input_ids[i], frontiers[i]))
+        scores = process_logits(logits_processor, prefixes, torch.cat([logits[i] for i in growing]))
+        log_probs = torch.log_softmax(scores, dim=-1).split([len(frontiers[i]) for i in growing])
+        for i, row_log_probs in zip(growing, log_probs):
+            new = shape.expand(trees[i], frontiers[i], row_log_probs, depth)
+            frontiers[i] = shape.next_frontier(trees[i], new)
+        growing = [i for i in growing if depth + 1 < num_depths[i] and frontiers[i]]
+        if not growing:
             break
-        # one draft forward over the next frontier, each node attending to its fed ancestors
-        fed += frontier
-        fed_parents = [fed.index(nodes.parent_ids[node]) if nodes.parent_ids[node] >= 0 else -1 for node in fed]
-        logits = forward(nodes, frontier, TokenTree(torch.tensor(fed_parents, dtype=torch.long,
-                                                                 device=input_ids.device)))
-    return nodes
+        # one draft forward over every growing row's next frontier, each node attending to its fed ancestors
+        fed = forward(growing, [trees[i] for i in growing], [frontiers[i] for i in growing])
+        for i, row_logits in zip(growing, fed):
+            logits[i] = row_logits
+    return trees
 
 
 class TreeDrafter(DraftModelDrafter):
@@ -200,6 +213,11 @@ class TreeDrafter(DraftModelDrafter):
     attention mask (SpecInfer, Miao et al. 2024), so a tree of depth d costs d draft forwards, as a chain of d
     tokens does. The draft cache is handled as by `DraftModelDrafter`: it keeps the committed tokens across steps;
     the tree's nodes are dropped from it after each draft.
+
+    For a batch every row grows its own tree (`grow_tree`), and each depth is one draft forward over every row's
+    frontier: a node sees its row's committed tokens and, of the nodes fed at earlier depths (in the draft cache),
+    its ancestors only (`Query.past_visible`). Rows' trees may differ in shape; the target scores them in one
+    forward as well.
 
     Children are the draft model's most likely tokens after the call's logits processors and warpers, so the draft
     is deterministic (`draft_probs=None`): under sampling, rejection verification treats each node as one-hot
@@ -218,44 +236,76 @@ class TreeDrafter(DraftModelDrafter):
     """
 
     name = "tree"
+    drafts_trees = True
 
     def __init__(self, draft_model, tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None,
                  draft_tokenizer=None):
         self.tree = tree_shape(tree)
         super().__init__(draft_model, num_draft_tokens=self.tree.depth, draft_tokenizer=draft_tokenizer)
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        check_tree_support(self._cache)
-        if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.vocab_size:
+    def start(self, state: DraftModelState) -> None:
+        """As `DraftModelDrafter.start`; also checks that the draft cache can hold trees and the tree's ranks.
+
+        Raises:
+            `ValueError`: as `DraftModelDrafter.start`; a draft model with sliding-window or linear-attention layers;
+                a static tree asking for a child rank beyond the vocabulary.
+        """
+        super().start(state)
+        check_tree_support(state.draft_cache.cache)
+        if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= state.vocab_size:
             raise ValueError(
-                f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary."
+                f"The tree asks for child rank {max(self.tree.ranks)} of a {state.vocab_size}-token vocabulary."
             )
 
-    def check_batch_support(self) -> None:
-        raise ValueError(
-            f"TreeDrafter drafts token trees ({self.tree!r}), which batch size > 1 does not support yet: for a batch "
-            f"use DraftModelDrafter(draft_model, num_draft_tokens={self.tree.depth}) (a chain), or call generate "
-            "once per prompt."
-        )
-
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        num_committed, device = input_ids.shape[1], input_ids.device
-        # 1. roll the draft cache back to the committed tokens it holds; feed the rest: the root's logits
-        new_ids = self._new_tokens(input_ids)[None]
-        logits = self._logits(new_ids, TokenTree.chain(0, device), num_committed, 1, device)
+    def propose(self, state: DraftModelState, input_ids, max_tokens, rows) -> list[Draft]:
+        """Each row's token tree, at most `max_tokens[i]` deep: one batched draft forward per depth over every
+        row's frontier (see `Drafter.propose` for the arguments)."""
+        device = input_ids[0].device
+        # 1. each row's cache rolled back to the committed tokens it holds; the rest fed: the roots' logits
+        root_logits = self._feed(state, input_ids, rows)
+        cache = state.draft_cache
+        committed = cache.lengths
+        # per row, the node each slot fed during this step holds (None: a hole); the same number for every row
+        slots = [[] for _ in input_ids]
 
-        def forward(nodes: DraftNodes, frontier: list[int], fed_tree: TokenTree) -> torch.FloatTensor:
-            frontier_ids = torch.tensor([[nodes.token_ids[node] for node in frontier]], device=self.draft_model.device)
-            return self._logits(frontier_ids, fed_tree, num_committed, len(frontier), device)
+        def forward(growing: list[int], trees: list[DraftNodes], frontiers: list[list[int]]):
+            width, num_past = max(map(len, frontiers)), len(slots[0])
+            token_ids = [[0] * width for _ in slots]
+            offsets = [[0] * width for _ in slots]
+            past_visible = [[[False] * num_past for _ in range(width)] for _ in slots]
+            for i, nodes, frontier in zip(growing, trees, frontiers):
+                fed = {node: slot for slot, node in enumerate(slots[i]) if node is not None}
+                for j, node in enumerate(frontier):
+                    token_ids[i][j] = nodes.token_ids[node]
+                    parent = nodes.parent_ids[node]
+                    while parent >= 0:  # each node sees the slots of its ancestors, fed at earlier depths
+                        past_visible[i][j][fed[parent]] = True
+                        offsets[i][j] += 1
+                        parent = nodes.parent_ids[parent]
+                    offsets[i][j] -= len(fed)  # the cache counts the fed nodes among the row's tokens
+            widths = torch.zeros(len(slots), dtype=torch.long)
+            widths[growing] = torch.tensor([len(frontier) for frontier in frontiers])
+            valid = torch.arange(width) < widths[:, None]
+            query = Query(torch.tensor(token_ids, device=self.draft_model.device), valid, torch.tensor(offsets),
+                          torch.eye(width, dtype=torch.bool) & valid[:, None, :], widths.tolist(),
+                          past_visible=torch.tensor(past_visible, dtype=torch.bool).view(len(slots), width, num_past))
+            logits = self._logits(state, query, None, device)  # [rows, width, vocab]
+            for i, row_slots in enumerate(slots):
+                row_slots.extend([None] * width)
+            for i, frontier in zip(growing, frontiers):
+                slots[i][num_past : num_past + len(frontier)] = frontier
+            return [logits[i, : len(frontier)] for i, frontier in zip(growing, frontiers)]
 
-        # 2. expand depth by depth, one draft forward per depth
-        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits, max_tokens, forward)
-        # 3. drop the nodes from the draft cache: it holds the committed tokens, as DraftModelDrafter's after a step
-        truncate(self._cache, num_committed)
-        self._cached_ids = input_ids[0]
-        return nodes.draft(self.tree.select(nodes), device)
+        # 2. expand depth by depth, one draft forward per depth for all rows; no compaction while slots are tracked
+        max_holes, cache.max_holes = cache.max_holes, float("inf")
+        try:
+            trees = grow_tree(self.tree, input_ids, state.logits_processor, root_logits, max_tokens, forward)
+        finally:
+            # 3. drop the nodes from the draft cache: it holds the committed tokens, as after DraftModelDrafter's feed
+            cache.max_holes = max_holes
+            cache.truncate(committed)
+        return [nodes.draft(self.tree.select(nodes), device) for nodes in trees]
 
     def __repr__(self) -> str:
         return f"TreeDrafter({type(self.draft_model).__name__}, tree={self.tree!r})"
