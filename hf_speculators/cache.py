@@ -221,6 +221,10 @@ class RaggedCache:
         first of their row's query (the accepted path of a token tree) are gathered to its front first, so a row
         keeps no hole before its newest token: one row never keeps a hole."""
         new_valid = new_valid.to(self.valid.device)
+        if bool(new_valid.all()):  # every slot kept (a chain): no gather, no new hole, nothing to trim
+            self.valid = torch.cat([self.valid, new_valid], dim=1)
+            self.lengths = self.lengths + new_valid.shape[1]
+            return
         kept_first = torch.sort(new_valid.to(torch.uint8), dim=1, descending=True, stable=True)
         if not torch.equal(kept_first.values.bool(), new_valid):
             self._gather_tail(kept_first.indices)

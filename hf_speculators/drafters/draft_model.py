@@ -52,15 +52,14 @@ def reusable_length(cached_ids: torch.LongTensor, committed: torch.LongTensor) -
     return min(common_prefix_length(cached_ids, committed), len(committed) - 1)
 
 
-def right_aligned(sequences: list[torch.LongTensor], device) -> tuple[torch.LongTensor, torch.BoolTensor]:
+def right_aligned(sequences: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
     """Stacks 1D `sequences` into `(len(sequences), longest)` input ids, each at the right end (padding first, id
     0), and which slots hold a token `(len(sequences), longest)` (on the CPU, as `RaggedCache` keeps its masks)."""
-    lengths = torch.tensor([len(sequence) for sequence in sequences])
-    width = int(lengths.max())
-    valid = torch.arange(width) >= width - lengths[:, None]
-    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    input_ids[valid] = torch.cat([sequence.cpu() for sequence in sequences])
-    return input_ids.to(device), valid
+    lengths = [len(sequence) for sequence in sequences]
+    width = max(lengths)
+    input_ids = torch.stack([torch.nn.functional.pad(sequence, (width - length, 0))
+                             for sequence, length in zip(sequences, lengths)])
+    return input_ids, torch.arange(width) >= width - torch.tensor(lengths)[:, None]
 
 
 @dataclass
@@ -186,7 +185,7 @@ class DraftModelDrafter(Drafter):
         committed = [ids[0].to(device) for ids in input_ids]
         reused = [reusable_length(state.cached_ids[i].to(device), ids) for i, ids in zip(kept, committed)]
         cache.truncate(torch.tensor(reused))
-        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)], device)
+        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)])
         state.cached_ids = committed
         return self._logits(state, Query.chain(new_ids, new_valid), 1, input_ids[0].device)[:, -1]
 
@@ -207,10 +206,10 @@ class DraftModelDrafter(Drafter):
                 tokens[i].append(new[j])
                 probs[i].append(None if new_probs is None else new_probs[j])
                 prefixes[i] = torch.cat([prefixes[i], new[j].view(1, 1)], dim=-1)
-            feeding = torch.tensor([step + 1 < budget for budget in max_tokens])[:, None]
-            if feeding.any():
+            feeding = [step + 1 < budget for budget in max_tokens]
+            if any(feeding):
                 last = torch.stack([prefix[0, -1] for prefix in prefixes])[:, None].to(self.draft_model.device)
-                logits = self._logits(state, Query.chain(last, feeding), 1, input_ids[0].device)[:, -1]
+                logits = self._logits(state, Query.chain(last, torch.tensor(feeding)[:, None]), 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
         state.cached_ids = [prefix[0, :length] for prefix, length in zip(prefixes, state.draft_cache.lengths.tolist())]
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
