@@ -246,6 +246,13 @@ class RaggedCache:
 
     def truncate(self, lengths: torch.LongTensor) -> None:
         """Keeps the first `lengths[i]` tokens of row i (no-op for a row holding that many or fewer)."""
+        if not self._holes:  # every row holds every slot: one length for all is a crop
+            keep = set(lengths.tolist())
+            if len(keep) == 1:
+                keep = min(keep.pop(), self.num_slots)
+                rollback(self.cache, self.num_slots - keep)
+                self.valid, self.lengths = self.valid[:, :keep], self.lengths.clamp_max(keep)
+                return
         position = self.valid.long().cumsum(dim=1)  # [batch_size, num_slots] the 1-based index of each token
         self.valid = self.valid & (position <= lengths[:, None])
         self.lengths = self.valid.sum(dim=1)

@@ -47,6 +47,9 @@ class Query:
     def chain(cls, input_ids: torch.LongTensor, valid: torch.BoolTensor) -> "Query":
         """A query of chains: row i's tokens are its slots that `valid` `(batch_size, num_query)` marks, in order
         (a prefill, or a draft model's forward)."""
+        if bool(valid.all()):  # no holes: slot j is at offset j
+            batch_size, num_query = valid.shape
+            return cls(input_ids, valid, torch.arange(num_query).expand(batch_size, -1), None, [num_query] * batch_size)
         offsets = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
         return cls(input_ids, valid, offsets, None, valid.sum(dim=1).tolist())
 

@@ -57,6 +57,8 @@ def right_aligned(sequences: list[torch.LongTensor]) -> tuple[torch.LongTensor, 
     0), and which slots hold a token `(len(sequences), longest)` (on the CPU, as `RaggedCache` keeps its masks)."""
     lengths = [len(sequence) for sequence in sequences]
     width = max(lengths)
+    if min(lengths) == width:  # no padding (always for one sequence)
+        return torch.stack(sequences), torch.ones(len(sequences), width, dtype=torch.bool)
     input_ids = torch.stack([torch.nn.functional.pad(sequence, (width - length, 0))
                              for sequence, length in zip(sequences, lengths)])
     return input_ids, torch.arange(width) >= width - torch.tensor(lengths)[:, None]
@@ -70,12 +72,14 @@ class DraftModelState(DraftState):
     Args:
         draft_cache (`RaggedCache`): the draft model's cache.
         cached_ids (`list[torch.LongTensor]`): per cache row, the tokens `(length_i,)` whose keys and values it holds.
-        vocab_size (`int`): the width of the target's logits, which draft logits are given (`_fit_vocabulary`).
+        vocab_size (`int`): the width of the target's logits, which draft logits are given.
+        draft_device (`torch.device`): the draft model's device (read once: `model.device` walks the parameters).
     """
 
     draft_cache: RaggedCache | None = None
     cached_ids: list = field(default_factory=list)
     vocab_size: int = 0
+    draft_device: torch.device | None = None
 
 
 class DraftModelDrafter(Drafter):
@@ -160,7 +164,8 @@ class DraftModelDrafter(Drafter):
             except ValueError as error:
                 raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
         state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool))
-        state.cached_ids = [torch.empty(0, dtype=torch.long)] * state.batch_size
+        state.draft_device = self.draft_model.device
+        state.cached_ids = [torch.empty(0, dtype=torch.long, device=state.draft_device)] * state.batch_size
 
     def _logits(self, state: DraftModelState, query: Query, num_logits: int | None,
                 device) -> torch.FloatTensor:
@@ -180,10 +185,10 @@ class DraftModelDrafter(Drafter):
         """Syncs the draft cache with each row's committed tokens `input_ids[i]` `(1, length_i)`: drops the rows
         that left, rolls each row back to what it shares with its tokens and feeds the rest, at least the last
         token, in one forward. Returns the logits `(len(rows), target_vocab)` after each row's last token."""
-        cache, device = state.draft_cache, self.draft_model.device
+        cache, device = state.draft_cache, state.draft_device
         kept = cache.keep_rows(list(rows))  # rows that finished leave
         committed = [ids[0].to(device) for ids in input_ids]
-        reused = [reusable_length(state.cached_ids[i].to(device), ids) for i, ids in zip(kept, committed)]
+        reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, committed)]
         cache.truncate(torch.tensor(reused))
         new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)])
         state.cached_ids = committed
@@ -197,21 +202,26 @@ class DraftModelDrafter(Drafter):
         logits = self._feed(state, input_ids, rows)  # [rows, vocab]
         prefixes = list(input_ids)
         tokens, probs = [[] for _ in prefixes], [[] for _ in prefixes]
+        every_row = torch.ones(len(prefixes), 1, dtype=torch.bool)
+        one_slot = Query.chain(every_row, every_row).offsets  # the offsets of a query of one slot per row
         # 2. one forward per draft token for the rows whose budget asks for another
         for step in range(max(max_tokens)):
             drafting = [i for i, budget in enumerate(max_tokens) if step < budget]
-            new, new_probs = state.draft_tokens([prefixes[i] for i in drafting],
-                                                logits if len(drafting) == len(prefixes) else logits[drafting])
+            every = len(drafting) == len(prefixes)
+            new, new_probs = state.draft_tokens([prefixes[i] for i in drafting], logits if every else logits[drafting])
             for j, i in enumerate(drafting):
                 tokens[i].append(new[j])
                 probs[i].append(None if new_probs is None else new_probs[j])
                 prefixes[i] = torch.cat([prefixes[i], new[j].view(1, 1)], dim=-1)
             feeding = [step + 1 < budget for budget in max_tokens]
             if any(feeding):
-                last = torch.stack([prefix[0, -1] for prefix in prefixes])[:, None].to(self.draft_model.device)
-                logits = self._logits(state, Query.chain(last, torch.tensor(feeding)[:, None]), 1, input_ids[0].device)[:, -1]
+                last = new[:, None] if every else torch.stack([prefix[0, -1] for prefix in prefixes])[:, None]
+                valid = every_row if all(feeding) else torch.tensor(feeding)[:, None]
+                query = Query(last.to(state.draft_device), valid, one_slot, None, [int(fed) for fed in feeding])
+                logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
-        state.cached_ids = [prefix[0, :length] for prefix, length in zip(prefixes, state.draft_cache.lengths.tolist())]
+        state.cached_ids = [prefix[0, :length].to(state.draft_device)
+                            for prefix, length in zip(prefixes, state.draft_cache.lengths.tolist())]
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
                 if row_tokens else Draft.empty(ids.device)
                 for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]

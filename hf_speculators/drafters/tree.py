@@ -287,7 +287,7 @@ class TreeDrafter(DraftModelDrafter):
             widths = torch.zeros(len(slots), dtype=torch.long)
             widths[growing] = torch.tensor([len(frontier) for frontier in frontiers])
             valid = torch.arange(width) < widths[:, None]
-            query = Query(torch.tensor(token_ids, device=self.draft_model.device), valid, torch.tensor(offsets),
+            query = Query(torch.tensor(token_ids, device=state.draft_device), valid, torch.tensor(offsets),
                           torch.eye(width, dtype=torch.bool) & valid[:, None, :], widths.tolist(),
                           past_visible=torch.tensor(past_visible, dtype=torch.bool).view(len(slots), width, num_past))
             logits = self._logits(state, query, None, device)  # [rows, width, vocab]
