@@ -271,27 +271,23 @@ class TreeDrafter(DraftModelDrafter):
 
         def forward(growing: list[int], trees: list[DraftNodes], frontiers: list[list[int]]):
             width, num_past = max(map(len, frontiers)), len(slots[0])
-            token_ids = [[0] * width for _ in slots]
-            offsets = [[0] * width for _ in slots]
-            past_visible = [[[False] * num_past for _ in range(width)] for _ in slots]
+            # per row and slot: [token, offset, valid, then what it sees of the fed nodes' slots and of this query's]
+            table = [[[0, 0, False] + [False] * (num_past + width) for _ in range(width)] for _ in slots]
             for i, nodes, frontier in zip(growing, trees, frontiers):
                 fed = {node: slot for slot, node in enumerate(slots[i]) if node is not None}
                 for j, node in enumerate(frontier):
-                    token_ids[i][j] = nodes.token_ids[node]
-                    parent = nodes.parent_ids[node]
-                    while parent >= 0:  # each node sees the slots of its ancestors, fed at earlier depths
-                        past_visible[i][j][fed[parent]] = True
-                        offsets[i][j] += 1
-                        parent = nodes.parent_ids[parent]
-                    offsets[i][j] -= len(fed)  # the cache counts the fed nodes among the row's tokens
-            widths = torch.zeros(len(slots), dtype=torch.long)
-            widths[growing] = torch.tensor([len(frontier) for frontier in frontiers])
-            valid = torch.arange(width) < widths[:, None]
-            query = Query(torch.tensor(token_ids, device=state.draft_device), valid, torch.tensor(offsets),
-                          torch.eye(width, dtype=torch.bool) & valid[:, None, :], widths.tolist(),
-                          past_visible=torch.tensor(past_visible, dtype=torch.bool).view(len(slots), width, num_past))
+                    entry, parent, depth = table[i][j], nodes.parent_ids[node], 0
+                    entry[0], entry[2], entry[3 + num_past + j] = nodes.token_ids[node], True, True
+                    while parent >= 0:  # each node sees its ancestors' slots, fed at earlier depths
+                        entry[3 + fed[parent]] = True
+                        parent, depth = nodes.parent_ids[parent], depth + 1
+                    entry[1] = depth - len(fed)  # its position: the cache counts the fed nodes as the row's tokens
+            table = torch.tensor(table, dtype=torch.long).view(len(slots), width, 3 + num_past + width)
+            valid, seen = table[..., 2].bool(), table[..., 3:].bool()
+            query = Query(table[..., 0].to(state.draft_device), valid, table[..., 1], seen[..., num_past:],
+                          valid.sum(dim=1).tolist(), past_visible=seen[..., :num_past])
             logits = self._logits(state, query, None, device)  # [rows, width, vocab]
-            for i, row_slots in enumerate(slots):
+            for row_slots in slots:
                 row_slots.extend([None] * width)
             for i, frontier in zip(growing, frontiers):
                 slots[i][num_past : num_past + len(frontier)] = frontier
