@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import (
     GenerationConfig,
-    LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
     TextIteratorStreamer,
