@@ -117,7 +117,7 @@ def test_a_confidence_threshold_and_a_draft_vocabulary_stay_exact(deep_targets, 
     out = batched(model, drafter)
     assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
     stats = out.speculative_stats
-    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some rows' drafts stopped early
+    assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some rows' drafts stopped early
 
 
 def test_batched_sampling_is_seeded(deep_targets):

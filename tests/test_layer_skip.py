@@ -45,7 +45,7 @@ def test_a_confidence_threshold_shortens_drafts_and_stays_exact(deep_targets, ar
     out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True)
     assert out.sequences.tolist() == expected.tolist()
     stats = out.speculative_stats
-    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some drafts stopped early
+    assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some drafts stopped early
     assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
 
 
@@ -55,7 +55,7 @@ def test_early_exits_of_random_models_are_sometimes_accepted(deep_targets):
     out = speculative_generate(deep_targets["llama"], prompt_ids("random"), drafter, max_new_tokens=MAX_NEW_TOKENS,
                                return_dict_in_generate=True)
     stats = out.speculative_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
 
 
 @pytest.mark.parametrize("arch", LAYERWISE_ARCHS)
@@ -89,7 +89,7 @@ def test_every_layer_sees_every_token_once_and_no_full_forward_runs_after_prefil
     # the prefill, and the last step if the length budget left no room for a draft
     assert len(full_forwards) == 1 + stats.num_steps - stats.num_drafts
     # per step: the pending token and the k draft tokens
-    assert tokens_per_layer == [prefill + stats.num_steps + stats.num_draft_tokens] * NUM_LAYERS
+    assert tokens_per_layer == [prefill + stats.num_steps + stats.num_drafted_tokens] * NUM_LAYERS
 
 
 def test_rejection_sampling_with_layer_skip_is_seeded_and_keeps_the_cache_consistent(deep_targets):
