@@ -70,14 +70,14 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
-from .methods import LOADED_DRAFT
 from .bench_batches import Batch, batch_skip_reason, make_batches, pad_token, padding_overhead, row_new_ids, row_stats
 from .build import build_drafter, build_verifier
 from .chat import encode_prompt, use_chat_template
 from .config import SpeculativeConfig
+from .decoder_layers import DecoderLayers
 from .decoding import generate
 from .drafters import LayerSkipDrafter
-from .layers import DecoderLayers
+from .methods import LOADED_DRAFT
 from .metrics import SpeculativeStats, clock
 from .quantization import quantization_settings
 from .schedules import check_schedule

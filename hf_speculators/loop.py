@@ -3,6 +3,7 @@
 import torch
 
 from .cache import DEFAULT_MAX_HOLES, RaggedCache, truncate
+from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
 from .metrics import SpeculativeStats, clock
@@ -11,7 +12,6 @@ from .query import Query
 from .sampling import row_processors, process_logits
 from .schedules import DraftLengthSchedule
 from .target import TargetForward
-from .types import Draft
 from .verifiers import Verifier
 
 

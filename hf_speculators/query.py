@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import RaggedCache
-from .types import Draft
+from .draft import Draft
 
 
 @dataclass

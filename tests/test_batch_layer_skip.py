@@ -10,7 +10,7 @@ from hf_speculators import loop
 from hf_speculators.cache import RaggedCache
 from hf_speculators.query import Query
 from hf_speculators.target import TargetForward
-from hf_speculators.layers import DecoderLayers
+from hf_speculators.decoder_layers import DecoderLayers
 from batch_helpers import PAD, batched_generate, laid_out
 from speculative_helpers import PROMPTS
 from tiny_models import VOCAB_SIZE, build_model

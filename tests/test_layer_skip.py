@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache, GemmaConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 import hf_speculators as hs
+from hf_speculators.decoder_layers import DecoderLayers
 from speculative_helpers import plain_generate, prompt_ids, speculative_generate
 from tiny_models import build_model
 
@@ -66,7 +67,7 @@ def test_every_layer_sees_every_token_once_and_no_full_forward_runs_after_prefil
     the same tokens), and the whole model's forward runs only for the prefill and a step without a draft.
     """
     model = deep_targets[arch]
-    layers = hs.layers.DecoderLayers(model).layers
+    layers = DecoderLayers(model).layers
     tokens_per_layer = [0] * NUM_LAYERS
     full_forwards = []
 
@@ -142,7 +143,7 @@ def test_an_interrupted_step_leaves_every_layer_of_the_cache_as_before_the_step(
         processors = LogitsProcessorList([RaiseAtCall(3)])  # the third draft token: layers < 2 hold two more
     else:
         processors = LogitsProcessorList()
-        failing = hs.layers.DecoderLayers(model).layers[3]  # after layer 2 has cached the step's tokens
+        failing = DecoderLayers(model).layers[3]  # after layer 2 has cached the step's tokens
         calls = []
 
         def fail(module, args, kwargs):
@@ -187,7 +188,7 @@ def test_a_model_type_it_does_not_know_raises_naming_it():
     model = torch.nn.Module()
     model.config = config
     with pytest.raises(ValueError, match=r"this model is 'gemma', whose forward may do more .*scaled embeddings"):
-        hs.layers.DecoderLayers(model)
+        DecoderLayers(model)
 
 
 def test_a_model_without_a_final_norm_raises_naming_what_is_missing():
@@ -195,7 +196,7 @@ def test_a_model_without_a_final_norm_raises_naming_what_is_missing():
     model.model.norm = None
     with pytest.raises(ValueError, match=r"LlamaModel has no final norm \(looked for the attribute norm / "
                                          r"final_layer_norm / ln_f\)"):
-        hs.layers.DecoderLayers(model)
+        DecoderLayers(model)
 
 
 def test_sliding_window_layers_shorter_than_max_length_raise():
