@@ -1,7 +1,7 @@
 """Ships the repository's top-level model_cards/ inside the wheel as hf_speculators/model_cards/ (see pyproject.toml).
 
 The cards live at the top level so that they read as a folder of Hub model cards; the package finds them there in a
-checkout or an editable install, and here in an installed wheel (hf_speculators.presets.bundled_presets_dir).
+checkout or an editable install, and here in an installed wheel (hf_speculators.config.presets.bundled_presets_dir).
 """
 
 from pathlib import Path

@@ -24,7 +24,7 @@ import torch
 
 import hf_speculators
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
-from hf_speculators.methods import DRAFT_MODEL_METHODS, SELF_DRAFT_METHODS, make_drafter
+from hf_speculators.config.methods import DRAFT_MODEL_METHODS, SELF_DRAFT_METHODS, make_drafter
 from hf_speculators.quantization import LIBRARIES
 
 PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."

@@ -1,4 +1,4 @@
-"""Tests of hf_speculators.benchmark: prompt loading, records, summary and the exactness check."""
+"""Tests of hf_speculators.tools.bench: prompt loading, records, summary and the exactness check."""
 
 import copy
 import dataclasses
@@ -12,8 +12,8 @@ torch.set_num_threads(1)
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from hf_speculators import benchmark, cli  # noqa: E402
-from hf_speculators.benchmark import (  # noqa: E402
+from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
+from hf_speculators.tools.bench import (  # noqa: E402
     DEFAULT_METHODS,
     EXIT_LAYER_METHODS,
     BenchSettings,
@@ -23,7 +23,7 @@ from hf_speculators.benchmark import (  # noqa: E402
     run_benchmark,
     summarize,
 )
-from hf_speculators.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
+from hf_speculators.config.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
 PROMPTS = [

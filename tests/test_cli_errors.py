@@ -11,7 +11,7 @@ torch.set_num_threads(1)
 
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
-from hf_speculators import benchmark, cli  # noqa: E402
+from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
 from hf_speculators.loading import DEMO_DRAFT  # noqa: E402
 
 

@@ -7,7 +7,7 @@ from dataclasses import fields
 import pytest
 
 from hf_speculators import SpeculativeConfig
-from hf_speculators import presets as presets_module
+from hf_speculators.config import presets as presets_module
 from hf_speculators.loading import DEMO_DRAFT
 
 # between them these set every field (one method cannot take them all)

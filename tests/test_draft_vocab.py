@@ -162,7 +162,7 @@ def test_a_speculative_config_builds_layer_skip_with_a_ranked_draft_vocab(target
 
 def test_the_bench_runs_layer_skip_with_a_ranked_draft_vocab(zoo, tokenizer, tmp_path, capsys):
     """`hf-speculators bench --draft-vocab RANKING --draft-vocab-size N`: exact, and recorded by its size."""
-    from hf_speculators.cli import main
+    from hf_speculators.tools.cli import main
 
     model = zoo.target("llama")
     model.save_pretrained(tmp_path / "target")

@@ -26,7 +26,7 @@ from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
-from hf_speculators.speculators_format import speculators_settings
+from hf_speculators.config.speculators_format import speculators_settings
 from test_lossless import chi_square, chi_square_critical
 
 ARCHS = ("llama", "qwen2", "qwen3")

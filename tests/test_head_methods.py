@@ -9,11 +9,11 @@ from speculative_helpers import assert_same_tokens, plain_generate, prompt_ids
 from tiny_models import build_model, build_tokenizer
 
 import hf_speculators as hs
-from hf_speculators import cli
-from hf_speculators.benchmark import BenchSettings, named_methods, run_benchmark
+from hf_speculators.tools import cli
+from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
 from hf_speculators.heads.medusa import MedusaHeads
 from hf_speculators.heads.medusa_formats import save_medusa_heads
-from hf_speculators.methods import HEAD_METHODS, make_drafter, method_config
+from hf_speculators.config.methods import HEAD_METHODS, make_drafter, method_config
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_the_bench_runs_every_head_method_exactly(target, heads, tmp_path):
 
 
 def test_the_bench_times_the_heads_as_draft_time(heads):
-    from hf_speculators.benchmark import _draft_model
+    from hf_speculators.tools.bench import _draft_model
 
     eagle = make_drafter("eagle3", **heads)
     medusa = make_drafter("medusa", **heads)

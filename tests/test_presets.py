@@ -12,11 +12,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
-from hf_speculators import cli  # noqa: E402
+from hf_speculators.tools import cli  # noqa: E402
 from hf_speculators.drafters import DRAFTERS  # noqa: E402
 from hf_speculators.config import HEAD_METHODS  # noqa: E402
 from hf_speculators.loading import DEMO_DRAFT, DEMO_IDS, DEMO_TARGET, load_model, load_tokenizer  # noqa: E402
-from hf_speculators.presets import bundled_presets, bundled_presets_dir, card_results, card_text  # noqa: E402
+from hf_speculators.config.presets import bundled_presets, bundled_presets_dir, card_results, card_text  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
 OTHER_WORDS = "one two three four five six seven eight nine ten".split()

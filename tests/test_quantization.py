@@ -12,10 +12,10 @@ from transformers import BitsAndBytesConfig, TorchAoConfig  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
-from hf_speculators import benchmark, cli  # noqa: E402
+from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
 from hf_speculators import quantization as hq  # noqa: E402
 from hf_speculators.loading import load_model  # noqa: E402
-from hf_speculators.methods import make_drafter  # noqa: E402
+from hf_speculators.config.methods import make_drafter  # noqa: E402
 from speculative_helpers import (  # noqa: E402
     PROMPTS,
     assert_cache_matches_sequence,

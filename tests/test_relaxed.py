@@ -11,9 +11,9 @@ from speculative_helpers import speculative_generate as speculative
 from tiny_models import VOCAB_SIZE
 
 import hf_speculators as hs
-from hf_speculators.benchmark import BenchSettings, named_methods, run_benchmark
-from hf_speculators.cli import main
-from hf_speculators.sweep import default_verifiers, plot_sweep, run_sweep, sweep_table
+from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
+from hf_speculators.tools.cli import main
+from hf_speculators.tools.sweep import default_verifiers, plot_sweep, run_sweep, sweep_table
 from hf_speculators.verifiers import resolve_verifier
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None

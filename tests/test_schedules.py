@@ -12,7 +12,8 @@ from transformers import GenerationConfig
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 import hf_speculators as hs
-from hf_speculators import cli, loop
+from hf_speculators import loop
+from hf_speculators.tools import cli
 from hf_speculators.schedules import SCHEDULES, HeuristicSchedule, make_schedule
 from hf_speculators.schedules.goodput import CostFit, GoodputSchedule, MovingAverage
 from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, make_drafter, prompt_ids

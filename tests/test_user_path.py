@@ -23,15 +23,17 @@ from transformers import GenerationConfig  # noqa: E402
 from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
-from hf_speculators import build, cli, loading  # noqa: E402
-from hf_speculators.benchmark import BenchSettings, run_benchmark  # noqa: E402
-from hf_speculators.chat import encode_prompt, use_chat_template  # noqa: E402
+from hf_speculators import loading  # noqa: E402
+from hf_speculators.config import build  # noqa: E402
+from hf_speculators.tools import cli  # noqa: E402
+from hf_speculators.tools.bench import BenchSettings, run_benchmark  # noqa: E402
+from hf_speculators.tools.chat import encode_prompt, use_chat_template  # noqa: E402
 from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
-from hf_speculators.plotting import plot_benchmark, read_records  # noqa: E402
-from hf_speculators.presets import bundled_presets, card_results  # noqa: E402
-from hf_speculators.quiet import quiet_third_party  # noqa: E402
-from hf_speculators.vllm_export import to_vllm_with_notes  # noqa: E402
+from hf_speculators.tools.plots import plot_benchmark, read_records  # noqa: E402
+from hf_speculators.config.presets import bundled_presets, card_results  # noqa: E402
+from hf_speculators.tools.quiet import quiet_third_party  # noqa: E402
+from hf_speculators.config.vllm_export import to_vllm_with_notes  # noqa: E402
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -317,7 +319,7 @@ def test_quiet_hides_third_party_logs_and_loading_bars_and_restores_them():
 
 def test_cli_generate_prints_nothing_on_stderr(saved):
     """A fresh process: torchao's messages come once per process, when transformers first imports it."""
-    command = [sys.executable, "-m", "hf_speculators.cli", "generate", PROMPT, "--model", saved["target"], "--draft",
+    command = [sys.executable, "-m", "hf_speculators.tools.cli", "generate", PROMPT, "--model", saved["target"], "--draft",
                saved["draft"], "--max-new-tokens", str(NEW_TOKENS), "--threads", "1"]
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -5,12 +5,12 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from .drafters import DRAFTERS, Drafter
-from .drafters.draft_model import check_same_vocabulary
-from .loading import load_model, load_tokenizer, resolve_model_id
+from ..drafters import DRAFTERS, Drafter
+from ..drafters.draft_model import check_same_vocabulary
+from ..loading import load_model, load_tokenizer, resolve_model_id
+from ..verifiers import VERIFIERS, Verifier
+from ..vocab import ranked_draft_vocab
 from .speculators_format import SPECULATORS_TYPES
-from .verifiers import VERIFIERS, Verifier
-from .vocab import ranked_draft_vocab
 
 # arguments a drafter gets from what a config field names (a model, a token ranking), not from the field's value
 LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer", "draft_vocab")

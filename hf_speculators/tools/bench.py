@@ -69,19 +69,19 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from . import methods as speculative_methods
+from ..config import SpeculativeConfig
+from ..config import methods as speculative_methods
+from ..config.build import build_drafter, build_verifier
+from ..config.methods import LOADED_DRAFT
+from ..decoder_layers import DecoderLayers
+from ..decoding import generate
+from ..drafters import LayerSkipDrafter
+from ..metrics import SpeculativeStats, clock
+from ..quantization import quantization_settings
+from ..schedules import check_schedule
+from ..verifiers import resolve_verifier
 from .bench_batches import Batch, batch_skip_reason, make_batches, pad_token, padding_overhead, row_new_ids, row_stats
-from .build import build_drafter, build_verifier
 from .chat import encode_prompt, use_chat_template
-from .config import SpeculativeConfig
-from .decoder_layers import DecoderLayers
-from .decoding import generate
-from .drafters import LayerSkipDrafter
-from .methods import LOADED_DRAFT
-from .metrics import SpeculativeStats, clock
-from .quantization import quantization_settings
-from .schedules import check_schedule
-from .verifiers import resolve_verifier
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
                    "draft-model-tree")
@@ -711,7 +711,7 @@ def named_methods(
     **options,
 ) -> dict[str, BenchMethod]:
     """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
-    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.methods.METHODS`.
+    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.config.methods.METHODS`.
 
     Args:
         names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
@@ -725,7 +725,7 @@ def named_methods(
         num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (default `"constant"`).
         draft_model (`str`, *optional*): the draft model's name or path (`run_benchmark(draft=...)` passes the loaded
             one); default `"<loaded draft model>"`.
-        **options: the other arguments of `hf_speculators.methods.method_config` (`prefer`, `num_candidates`,
+        **options: the other arguments of `hf_speculators.config.methods.method_config` (`prefer`, `num_candidates`,
             `tree_top_k`, `tree_nodes`, `exit_layer`, `confidence_threshold`, `draft_vocab`, `draft_vocab_size`,
             `eagle_head`, `medusa_head`).
 

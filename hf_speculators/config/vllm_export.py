@@ -4,9 +4,9 @@ import json
 import shlex
 import warnings
 
-from .loading import resolve_model_id
+from ..loading import resolve_model_id
+from ..verifiers import VERIFIERS
 from .speculators_format import SPECULATORS_TYPES
-from .verifiers import VERIFIERS
 
 # our method -> vLLM's `method` (and any setting it implies); speculators types keep their names, as vLLM's own
 # reader of the speculators format does (peagle runs as eagle3 with parallel drafting)

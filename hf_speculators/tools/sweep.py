@@ -23,14 +23,14 @@ from typing import Sequence
 
 import torch
 
-from .benchmark import (
+from .bench import (
     BenchSettings, Prompt, RecordWriter, _digest, _encode, _num_threads, _prompt_budget, _timed_generate_one,
 )
+from ..decoding import generate
+from ..drafters import Drafter
+from ..verifiers import ExactVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier, Verifier
 from .chat import use_chat_template
-from .decoding import generate
-from .drafters import Drafter
-from .plotting import pyplot
-from .verifiers import ExactVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier, Verifier
+from .plots import pyplot
 
 SUMMED_FIELDS = ("new_tokens", "seconds", "num_drafts", "num_accepted_tokens", "log_likelihood", "identical_tokens",
                  "exact_tokens")

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .benchmark import summarize
+from .bench import summarize
 
 PANELS = (("speedup", "speedup vs plain greedy (ratio of tokens/s)"),
           ("mean_acceptance_length", "mean acceptance length (tokens per draft, bonus included)"))

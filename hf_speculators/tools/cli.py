@@ -10,23 +10,23 @@ import traceback
 import torch
 from transformers import TextStreamer
 
-from .benchmark import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
-from .benchmark import DRAFT_MODEL_METHODS
-from .benchmark import METHODS as BENCH_METHODS
-from .benchmark import BenchSettings, load_prompts, named_methods, run_benchmark
-from .build import build_drafter
+from ..config import SpeculativeConfig, method_fields
+from ..config.build import build_drafter
+from ..config.methods import LOADED_DRAFT, METHODS, method_config
+from ..config.presets import bundled_card, bundled_presets, card_results
+from ..decoding import enable
+from ..drafters.prompt_lookup import MATCH_RULES
+from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
+from ..metrics import clock
+from ..quantization import QUANTIZATIONS
+from ..schedules import SCHEDULES
+from .bench import BenchSettings, load_prompts, named_methods, run_benchmark
+from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
+from .bench import DRAFT_MODEL_METHODS
+from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
-from .config import SpeculativeConfig, method_fields
-from .decoding import enable
-from .drafters.prompt_lookup import MATCH_RULES
-from .loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
-from .metrics import clock
-from .methods import LOADED_DRAFT, METHODS, method_config
-from .plotting import plot_benchmark, pyplot, read_records
-from .presets import bundled_card, bundled_presets, card_results
-from .quantization import QUANTIZATIONS
+from .plots import plot_benchmark, pyplot, read_records
 from .quiet import quiet_third_party
-from .schedules import SCHEDULES
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -35,8 +35,8 @@ from .sweep import (
     run_sweep,
     sweep_table,
 )
-from .verifiers import VERIFIERS
-from .vllm_export import vllm_commands
+from ..config.vllm_export import vllm_commands
+from ..verifiers import VERIFIERS
 
 DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (README, "The default job")
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
@@ -313,7 +313,7 @@ def _add_export(commands) -> None:
 
 
 def _method_options(args) -> dict:
-    """The named-method options of `hf_speculators.methods.method_config` that the command's flags give."""
+    """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
              "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head")
     return {name: getattr(args, name, None) for name in names}

@@ -5,15 +5,15 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ..drafters import DRAFTERS, tree_shape
+from ..drafters.prompt_lookup import MATCH_RULES
+from ..folders import write_folder
+from ..quantization import QUANTIZATIONS
+from ..schedules import SCHEDULES
+from ..verifiers import VERIFIERS
 from . import presets
 from .build import VERIFIER_PARAMS, build
-from .drafters import DRAFTERS, tree_shape
-from .drafters.prompt_lookup import MATCH_RULES
-from .folders import write_folder
-from .quantization import QUANTIZATIONS
-from .schedules import SCHEDULES
 from .speculators_format import SPECULATORS_TYPES
-from .verifiers import VERIFIERS
 from .vllm_export import to_vllm
 
 # learned draft heads on the target's hidden states; their draft_model is the head's checkpoint
@@ -290,5 +290,5 @@ class SpeculativeConfig:
         return to_vllm(self)
 
     def build(self, target, tokenizer=None):
-        """Returns `(drafter, verifier)` for `target` (see `hf_speculators.build.build`)."""
+        """Returns `(drafter, verifier)` for `target` (see `hf_speculators.config.build.build`)."""
         return build(self, target, tokenizer)

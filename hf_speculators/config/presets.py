@@ -12,9 +12,9 @@ import yaml
 from huggingface_hub import HfApi, ModelCard, ModelCardData, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError
 
-from .drafters import DRAFTERS
-from .loading import DEMO_IDS, looks_local
-from .checkpoint_settings import checkpoint_settings
+from ..drafters import DRAFTERS
+from ..loading import DEMO_IDS, looks_local
+from .checkpoints import checkpoint_settings
 from .vllm_export import llm_call, to_vllm_with_notes
 
 CARD_KEY = "speculative_decoding"
@@ -22,7 +22,7 @@ CARD_KEY = "speculative_decoding"
 # speedup over `baseline` (default: plain greedy decoding), mean acceptance length, hardware and the command
 RESULTS_KEY = "speculative_decoding_results"
 CARD_TAGS = ["hf_speculators", "speculative-decoding"]
-PACKAGE_DIR = Path(__file__).parent
+PACKAGE_DIR = Path(__file__).parent.parent  # the package folder: presets live in hf_speculators/config/
 
 
 def bundled_presets_dir() -> Path:

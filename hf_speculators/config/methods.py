@@ -1,10 +1,10 @@
 """The named speculative methods of the command line and the benchmark: each is a `SpeculativeConfig`, built by the
-one drafter factory, `hf_speculators.build.build_drafter`."""
+one drafter factory, `hf_speculators.config.build.build_drafter`."""
 
+from ..drafters import Drafter
+from ..quantization import QUANTIZATIONS
 from .build import build_drafter
-from .config import SpeculativeConfig
-from .drafters import Drafter
-from .quantization import QUANTIZATIONS
+from .speculative_config import SpeculativeConfig
 
 # method -> quantization of the target's copy that drafts for it (DraftModelDrafter.from_target)
 SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
