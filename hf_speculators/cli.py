@@ -26,6 +26,7 @@ from .presets import bundled_card, bundled_presets, card_results
 from .quantization import QUANTIZATIONS
 from .quiet import quiet_third_party
 from .schedules import SCHEDULES
+from .training.cli import add_training_commands
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(commands)
     _add_presets(commands)
     _add_export(commands)
+    add_training_commands(commands)
     return parser
 
 
@@ -228,6 +230,7 @@ def _add_export(commands) -> None:
     export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
     export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
+    export.add_argument("--out", default=None, help="Medusa heads: where to write them in vLLM's layout")
     export.set_defaults(run=run_export)
 
 
@@ -385,7 +388,7 @@ def run_presets_show(args) -> int:
 
 
 def run_export(args) -> int:
-    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name)))
+    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name), args.out))
     return 0
 
 
