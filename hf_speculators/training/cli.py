@@ -10,7 +10,7 @@ from ..benchmark import load_prompts
 from ..chat import encode_prompt, use_chat_template
 from ..config import SpeculativeConfig
 from ..loading import DTYPES, load_model, load_tokenizer
-from .evaluate import measure_acceptance
+from .evaluate import measure_acceptance, pad_id
 
 SAVE_DTYPES = {name: DTYPES[name] for name in ("float32", "bfloat16", "float16")}
 TRAIN_EXTRA = "training needs the train extra: pip install 'hf_speculators[train]' (accelerate and datasets)"
@@ -92,6 +92,8 @@ def add_training_commands(commands) -> None:
     eagle3.add_argument("--step-decay", type=float, default=0.8, help="loss weight step_decay**k of step k")
     eagle3.add_argument("--num-layers", type=int, default=1, help="decoder layers of the head")
     eagle3.add_argument("--safeailab", action="store_true", help="also write SafeAILab's layout to OUT/safeailab")
+    eagle3.add_argument("--init", default=None, metavar="HEAD",
+                        help="continue from this EAGLE-3 checkpoint (its layers and aux layers; LM head rows mapped)")
     eagle3.set_defaults(run=run_train)
     medusa = kinds.add_parser("medusa", help="Medusa-1 heads on the frozen target")
     _add_common(medusa)
@@ -100,6 +102,8 @@ def add_training_commands(commands) -> None:
     medusa.add_argument("--own-lm-heads", action="store_true",
                         help="an LM head per head (Medusa v0.1) instead of the target's (version 2)")
     medusa.add_argument("--head-decay", type=float, default=0.8, help="loss weight head_decay**i of head i")
+    medusa.add_argument("--init", default=None, metavar="HEADS",
+                        help="continue from this Medusa checkpoint (its head and layer counts)")
     medusa.set_defaults(run=run_train)
     draft = kinds.add_parser("draft", help="distil a small draft model toward the target (DistillSpec)")
     _add_common(draft)
@@ -153,8 +157,6 @@ def run_train(args) -> int:
                                 max_minutes=args.max_minutes, seed=args.seed)
     target = load_model(args.target).requires_grad_(False)
     tokenizer = load_tokenizer(args.target)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     common = dict(target_name=args.target_name or args.target, settings=settings, eval_tokens=args.eval_tokens,
                   feature_cache=args.feature_cache, resume=args.resume, dtype=SAVE_DTYPES[args.save_dtype])
     # bad inputs fail here, before the data is regenerated and before any training step
@@ -166,11 +168,11 @@ def run_train(args) -> int:
     if args.kind == "eagle3":
         report = trainers.train_eagle3(target, tokenizer, train, held_out, out, draft_vocab_size=args.draft_vocab_size,
                               aux_layer_ids=args.aux_layers, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
-                              num_layers=args.num_layers, safeailab=args.safeailab, **common)
+                              num_layers=args.num_layers, safeailab=args.safeailab, init=args.init, **common)
     elif args.kind == "medusa":
         report = trainers.train_medusa(target, tokenizer, train, held_out, out, num_heads=args.num_heads,
                               num_layers=args.num_layers, own_lm_heads=args.own_lm_heads, head_decay=args.head_decay,
-                              **common)
+                              init=args.init, **common)
     else:
         report = trainers.train_draft(target, tokenizer, train, held_out, out, draft=draft, draft_name=args.draft,
                                       divergence=args.divergence, num_draft_tokens=args.num_draft_tokens, **common)
@@ -200,8 +202,8 @@ def run_evaluate(args) -> int:
     chat = use_chat_template(tokenizer, args.chat)
     prompts = [encode_prompt(tokenizer, p.text, chat)["input_ids"][0].tolist() for p in load_prompts(args.prompts, args.limit)]
     drafter, verifier = config.build(target, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    acceptance = measure_acceptance(target, drafter, prompts, args.max_new_tokens, verifier=verifier, pad_token_id=pad)
+    acceptance = measure_acceptance(target, drafter, prompts, args.max_new_tokens, verifier=verifier,
+                                    pad_token_id=pad_id(tokenizer))
     print(json.dumps({"folder": args.folder, "method": config.method, **acceptance.__dict__}))
     print(acceptance.summary())
     return 0

@@ -26,6 +26,7 @@ import torch
 from datasets import Dataset, load_dataset
 
 from ..chat import encode_prompt
+from .evaluate import pad_id
 
 PROMPT_FIELDS = ("prompt", "turns", "question", "instruction", "messages", "conversations")
 DOCUMENT_SUFFIXES = ("*.txt", "*.md", "*.rst", "*.py")
@@ -150,19 +151,18 @@ def regenerate(target, tokenizer, texts: list[Text], *, max_new_tokens: int = 12
         `datasets.Dataset` with `input_ids` (prompt and response) and `loss_mask` (1 on response tokens) per row;
         rows whose response is empty are dropped.
     """
-    rng, generator_seed = random.Random(seed), seed
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    rng, generator_seed, pad = random.Random(seed), seed, pad_id(tokenizer)
     rows = {"input_ids": [], "loss_mask": []}
     for start in range(0, len(texts), batch_size):
         prompts = [prompt_ids(tokenizer, text, chat, prompt_tokens, rng) for text in texts[start : start + batch_size]]
         width = max(map(len, prompts))
-        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         torch.manual_seed(generator_seed + start)
         output = target.generate(input_ids=input_ids.to(target.device), attention_mask=attention_mask.to(target.device),
-                                 max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id)
+                                 max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
         for prompt, generated in zip(prompts, output[:, width:].tolist()):
-            response = _until_eos(generated, target.generation_config.eos_token_id, pad_id)
+            response = _until_eos(generated, target.generation_config.eos_token_id, pad)
             if response:
                 rows["input_ids"].append(prompt + response)
                 rows["loss_mask"].append([0] * len(prompt) + [1] * len(response))

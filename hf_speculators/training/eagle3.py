@@ -13,11 +13,15 @@ Training-Time Test"), as vllm-project/speculators, SpecForge and SafeAILab/EAGLE
   `step_decay ** k` (EAGLE uses 0.8; speculators 1.0).
 """
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig
 
-from ..heads.eagle import Eagle3Head, default_aux_layer_ids
+from ..heads.eagle import Eagle3Head, check_head_fits, default_aux_layer_ids
+from ..heads.eagle_formats import load_eagle_head
+from ..heads.files import head_folder
 from .target_features import TargetFeatures, check_aux_layer_ids, next_token_weights
 
 
@@ -51,19 +55,24 @@ def draft_vocabulary(counts: torch.LongTensor, draft_vocab_size: int | None):
 
 
 def build_eagle3_head(target, draft_ids: torch.LongTensor, aux_layer_ids: list[int] | None = None,
-                      num_layers: int = 1) -> Eagle3Head:
+                      num_layers: int = 1, init: str | Path | None = None) -> Eagle3Head:
     """A new EAGLE-3 head as wide as `target` (Llama layers, RoPE base 10000 as SafeAILab's configs), its LM head
-    initialised from the target's rows `draft_ids` and `d2t` set from them.
+    initialised from the target's rows `draft_ids` and `d2t` set from them; or, with `init`, a head that continues
+    from the EAGLE-3 checkpoint there (see `continue_from`).
 
     Args:
         target (`PreTrainedModel`): the target.
         draft_ids (`torch.LongTensor` of shape `(K,)`): the draft vocabulary, ascending (`draft_vocabulary`).
-        aux_layer_ids (`list[int]`, *optional*): default `[2, L // 2, L - 3]`.
-        num_layers (`int`, defaults to 1): decoder layers of the head.
+        aux_layer_ids (`list[int]`, *optional*): default `[2, L // 2, L - 3]` (with `init`: the checkpoint's).
+        num_layers (`int`, defaults to 1): decoder layers of the head (with `init`: the checkpoint's).
+        init (`str` or `Path`, *optional*): an EAGLE-3 checkpoint folder of any format `load_eagle_head` reads.
 
     Raises:
-        `ValueError`: aux layer ids that are not distinct layers of the target (`check_aux_layer_ids`).
+        `ValueError`: aux layer ids that are not distinct layers of the target (`check_aux_layer_ids`); with `init`,
+            a checkpoint that is not an EAGLE-3 head for this target.
     """
+    if init is not None:
+        return continue_from(load_eagle_head(head_folder(str(init))), target, draft_ids)
     c = target.config.get_text_config()
     aux_layer_ids = check_aux_layer_ids(aux_layer_ids or default_aux_layer_ids(c.num_hidden_layers),
                                         c.num_hidden_layers)
@@ -81,6 +90,35 @@ def build_eagle3_head(target, draft_ids: torch.LongTensor, aux_layer_ids: list[i
         if head.d2t is not None:
             head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
     return head
+
+
+def continue_from(source: Eagle3Head, target, draft_ids: torch.LongTensor) -> Eagle3Head:
+    """A head for `draft_ids` holding the weights of `source` (to continue training a published or earlier head):
+    its layers, `fc` and norms as they are, its LM head rows for the ids both vocabularies hold (the target's rows
+    for the others), the target's embeddings rather than its own.
+
+    Raises:
+        `ValueError`: `source` is not an EAGLE-3 head, or does not fit `target` (`check_head_fits`).
+    """
+    if not isinstance(source, Eagle3Head):
+        raise ValueError(f"--init needs an EAGLE-3 head to continue from, got {type(source).__name__}.")
+    check_head_fits(source, target)
+    attention = source.layers[0].self_attn
+    layer_ids = source.feature_points(target.config.get_text_config().num_hidden_layers)[0]
+    head = Eagle3Head(source.config, draft_vocab_size=len(draft_ids), aux_layer_ids=layer_ids, num_aux=len(layer_ids),
+                      target_hidden_size=source.target_hidden_size, **source.flags,
+                      qk_norm=attention.q_norm is not None, attention_bias=attention.q_proj.bias is not None)
+    source_ids = torch.arange(source.draft_vocab_size) + (0 if source.d2t is None else source.d2t.cpu())
+    row_of = torch.full((source.vocab_size,), -1, dtype=torch.long)
+    row_of[source_ids] = torch.arange(source.draft_vocab_size)
+    rows = row_of[draft_ids]
+    lm_head = target.get_output_embeddings().weight[draft_ids].detach().clone().to(source.lm_head.weight.dtype)
+    lm_head[rows >= 0] = source.lm_head.weight.detach()[rows[rows >= 0]]
+    state = {name: tensor for name, tensor in source.state_dict().items()
+             if name not in ("d2t", "embed_tokens.weight", "lm_head.weight")}
+    head.load_state_dict({**state, "lm_head.weight": lm_head, **({} if head.d2t is None else
+                                                                  {"d2t": draft_ids - torch.arange(len(draft_ids))})})
+    return head.float()
 
 
 def ttt_mask(num_pairs: int, step: int, device=None) -> torch.BoolTensor:

@@ -12,6 +12,15 @@ from ..decoding import generate as speculative_generate
 from ..metrics import SpeculativeStats
 
 
+def pad_id(tokenizer) -> int:
+    """The id that pads batches: the tokenizer's padding token, else its EOS token, else 0 (padded positions are
+    masked out of attention and of the loss, so any id serves)."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return token_id
+    return 0
+
+
 @dataclass(frozen=True)
 class Acceptance:
     """Acceptance of a drafter over prompts, pooled over every verification step.

@@ -136,8 +136,9 @@ def fit(model: torch.nn.Module, loss_fn, examples, pad_id: int, settings: Traini
         description (`str`): the progress bar's label.
 
     Returns:
-        `dict`: `steps` run, `best_step`, `best` (the best `Acceptance` as a dict), `history` (every measurement),
-        `seconds`, `tokens` (trained tokens, padding excluded) and `tokens_per_second`.
+        `dict`: `steps` run, `best_step`, `best` (the best `Acceptance` as a dict), `history` (every measurement,
+        step 0 included), `seconds` (wall time), `eval_seconds` (of it, measuring acceptance), `tokens` (trained
+        tokens, padding excluded) and `tokens_per_second` (over the training time, measurements excluded).
     """
     state = check_resume(resume, fingerprint) if resume is not None else None
     torch.manual_seed(settings.seed)
@@ -156,14 +157,15 @@ def fit(model: torch.nn.Module, loss_fn, examples, pad_id: int, settings: Traini
         step, history, best = state["step"], state["history"], state["best"]
         best_state = _load_best(resume)
     checkpoint = Path(out_dir) / CHECKPOINT_DIR
-    start, tokens, last_metrics = time.perf_counter(), 0, {}
+    start, tokens, last_metrics, eval_seconds = time.perf_counter(), 0, {}, 0.0
     progress = tqdm(total=settings.max_steps, initial=step, desc=description, disable=not accelerator.is_main_process)
 
     def measure():
-        nonlocal best, best_state
-        unwrapped = accelerator.unwrap_model(model)
+        nonlocal best, best_state, eval_seconds
+        unwrapped, began = accelerator.unwrap_model(model), time.perf_counter()
         acceptance = evaluate(unwrapped)
         unwrapped.train()
+        eval_seconds += time.perf_counter() - began
         history.append({"step": step, **asdict(acceptance), **last_metrics})
         if best is None or acceptance.mean_acceptance_length > best["mean_acceptance_length"]:
             best = {"step": step, **asdict(acceptance)}
@@ -172,6 +174,8 @@ def fit(model: torch.nn.Module, loss_fn, examples, pad_id: int, settings: Traini
                              accept=f"{acceptance.mean_acceptance_length:.2f}")
         tqdm.write(f"[{description}] step {step}: {acceptance.summary()}")
 
+    if state is None:
+        measure()  # the starting point: a checkpoint (e.g. of an --init head) must beat it to be kept
     model.train()
     while step < settings.max_steps and not _out_of_time(start, settings):
         for batch in loader:
@@ -198,12 +202,12 @@ def fit(model: torch.nn.Module, loss_fn, examples, pad_id: int, settings: Traini
             if done:
                 break
     progress.close()
-    if best is None:
-        measure()
     seconds = time.perf_counter() - start
     accelerator.unwrap_model(model).load_state_dict(best_state)
+    training_seconds = seconds - eval_seconds
     return {"steps": step, "best_step": best["step"], "best": best, "history": history, "seconds": seconds,
-            "tokens": tokens, "tokens_per_second": tokens / seconds if seconds else 0.0}
+            "eval_seconds": eval_seconds, "tokens": tokens,
+            "tokens_per_second": tokens / training_seconds if training_seconds > 0 else 0.0}
 
 
 def _out_of_time(start: float, settings: TrainingSettings) -> bool:

@@ -9,18 +9,35 @@ token, so this is Medusa-1's self-distillation with soft labels. The target stay
 and lose exactness with respect to the original target).
 """
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
 from ..heads.medusa import MedusaHeads
+from ..heads.files import head_folder
+from ..heads.medusa_formats import read_medusa_heads
 from .target_features import TargetFeatures
 
 
-def build_medusa_heads(target, num_heads: int = 3, num_layers: int = 1, own_lm_heads: bool = False) -> MedusaHeads:
+def build_medusa_heads(target, num_heads: int = 3, num_layers: int = 1, own_lm_heads: bool = False,
+                       init: str | Path | None = None) -> MedusaHeads:
     """New Medusa heads for `target`: zero-initialised residual blocks (each head starts as the identity), and with
     `own_lm_heads` an LM head per head initialised from the target's (Medusa's initialisation); without, the heads
-    end with the target's LM head (Medusa's "version 2" files)."""
+    end with the target's LM head (Medusa's "version 2" files). With `init`, the heads of the Medusa checkpoint
+    there (their own counts and layout), to continue training.
+
+    Raises:
+        `ValueError`: an `init` checkpoint of another hidden size or vocabulary than the target's.
+    """
     hidden_size = target.config.get_text_config().hidden_size
+    if init is not None:
+        heads = read_medusa_heads(head_folder(str(init)))
+        vocab_size = target.get_output_embeddings().weight.shape[0]
+        if heads.hidden_size != hidden_size or heads.vocab_size not in (None, vocab_size):
+            raise ValueError(f"{init}: Medusa heads of hidden size {heads.hidden_size} (vocabulary "
+                             f"{heads.vocab_size}) do not fit this target ({hidden_size}, {vocab_size}).")
+        return heads
     lm_weight = target.get_output_embeddings().weight
     heads = MedusaHeads(hidden_size, num_heads, num_layers, lm_weight.shape[0] if own_lm_heads else None)
     if own_lm_heads:

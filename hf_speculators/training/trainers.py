@@ -20,7 +20,7 @@ from ..heads.medusa_formats import save_medusa_heads
 from .data import token_counts
 from .distill import DistillLoss
 from .eagle3 import Eagle3Loss, build_eagle3_head, draft_vocabulary
-from .evaluate import acceptance_evaluator
+from .evaluate import acceptance_evaluator, pad_id
 from .loop import TrainingSettings, fit
 from .medusa import MedusaLoss, build_medusa_heads
 from .target_features import TargetFeatures
@@ -62,11 +62,28 @@ def _indexed(examples):
     return examples.add_column("index", list(range(len(examples)))) if "index" not in examples.column_names else examples
 
 
-def _report(out: Path, result: dict, settings: TrainingSettings, extra: dict) -> dict:
+CARD_TITLES = {"eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "draft": "distilled draft model"}
+
+
+def _report(out: Path, result: dict, settings: TrainingSettings, extra: dict, card: bool = True) -> dict:
+    """Writes `training.json` (and, with `card`, a short model card `README.md` without settings, so that the
+    head's own `config.json` is what `SpeculativeConfig.from_pretrained` reads); returns the report."""
     report = {**extra, "settings": asdict(settings), **result,
               "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "threads": torch.get_num_threads()}
     (out / "training.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if card:
+        best = report["best"]
+        positions = " ".join(f"{rate:.2f}" for rate in best["per_position"])
+        (out / "README.md").write_text(
+            f"---\nlibrary_name: hf_speculators\ntags: [hf_speculators, speculative-decoding, {extra['kind']}]\n"
+            f"base_model: {extra['target']}\n---\n# {CARD_TITLES[extra['kind']]} for {extra['target']}\n\n"
+            f"Trained by `hf-speculators train {extra['kind']}` on {extra['num_examples']} examples (the target's own "
+            f"responses), {report['steps']} optimizer steps, {report['tokens']} tokens, "
+            f"{report['seconds'] / 60:.1f} minutes ({report['tokens_per_second']:.0f} tokens/s, "
+            f"{report['threads']} threads). Kept: step {report['best_step']}, held-out mean acceptance length "
+            f"{best['mean_acceptance_length']:.2f} (acceptance per position {positions}; greedy, "
+            f"{best['num_prompts']} prompts). Settings and history: `training.json`.\n", encoding="utf-8")
     return report
 
 
@@ -74,7 +91,8 @@ def train_eagle3(target, tokenizer, examples, held_out, out: str | Path, *, targ
                  settings: TrainingSettings | None = None, draft_vocab_size: int | None = None,
                  aux_layer_ids: list[int] | None = None, ttt_steps: int = 3, step_decay: float = 0.8,
                  num_layers: int = 1, eval_tokens: int = 64, feature_cache: str | Path | None = None,
-                 resume: str | Path | None = None, safeailab: bool = False, dtype: torch.dtype | None = None) -> dict:
+                 resume: str | Path | None = None, safeailab: bool = False, dtype: torch.dtype | None = None,
+                 init: str | Path | None = None) -> dict:
     """Trains an EAGLE-3 head for `target` (`hf_speculators.training.eagle3`) and saves it in the speculators
     `eagle3` format under `out` (and SafeAILab's layout under `out/safeailab` with `safeailab`).
 
@@ -96,6 +114,7 @@ def train_eagle3(target, tokenizer, examples, held_out, out: str | Path, *, targ
         resume (`str` or `Path`, *optional*): a checkpoint folder (`out/checkpoint` of an earlier run).
         safeailab (`bool`): also write SafeAILab's EAGLE-3 layout.
         dtype (`torch.dtype`, *optional*): the stored dtype (e.g. `torch.float16`).
+        init (`str` or `Path`, *optional*): continue from this EAGLE-3 checkpoint (`build_eagle3_head`).
 
     Returns:
         `dict`: the training report (also written to `out/training.json`).
@@ -108,14 +127,14 @@ def train_eagle3(target, tokenizer, examples, held_out, out: str | Path, *, targ
     out = Path(out)
     draft_ids, _, _ = draft_vocabulary(token_counts(examples, target.get_output_embeddings().weight.shape[0]),
                                        draft_vocab_size)
-    head = build_eagle3_head(target, draft_ids, aux_layer_ids, num_layers)
+    head = build_eagle3_head(target, draft_ids, aux_layer_ids, num_layers, init)
     features = TargetFeatures(target, head.aux_layer_ids, feature_cache)
     loss = Eagle3Loss(target, draft_ids, head.aux_layer_ids, ttt_steps, step_decay, features)
     evaluate = acceptance_evaluator(target, lambda h: EagleDrafter(h, num_draft_tokens=ttt_steps),
-                                    held_out_prompts(held_out), eval_tokens, pad_token_id=tokenizer.pad_token_id)
+                                    held_out_prompts(held_out), eval_tokens, pad_token_id=pad_id(tokenizer))
     identity = fingerprint(target, target_name, "eagle3", aux_layer_ids=head.aux_layer_ids,
                              draft_vocab_size=len(draft_ids), ttt_steps=ttt_steps, num_layers=num_layers)
-    result = fit(head, loss, _indexed(examples), tokenizer.pad_token_id, settings, evaluate, out, identity,
+    result = fit(head, loss, _indexed(examples), pad_id(tokenizer), settings, evaluate, out, identity,
                  resume, "eagle3")
     architectures = list(target.config.architectures or [])
     save_eagle3_head(head, out, verifier_name_or_path=target_name, verifier_architectures=architectures,
@@ -131,19 +150,21 @@ def train_medusa(target, tokenizer, examples, held_out, out: str | Path, *, targ
                  settings: TrainingSettings | None = None, num_heads: int = 3, num_layers: int = 1,
                  own_lm_heads: bool = False, head_decay: float = 0.8, eval_tokens: int = 64,
                  feature_cache: str | Path | None = None, resume: str | Path | None = None,
-                 dtype: torch.dtype | None = None) -> dict:
+                 dtype: torch.dtype | None = None, init: str | Path | None = None) -> dict:
     """Trains Medusa-1 heads for `target` (`hf_speculators.training.medusa`), choosing the checkpoint by the
     measured acceptance of their chain (exact verification), and saves them as a Medusa checkpoint (version 2, or
-    v0.1 with `own_lm_heads`). Arguments as `train_eagle3`; returns the training report."""
+    v0.1 with `own_lm_heads`; with `init`, continuing from the heads of that Medusa checkpoint). Arguments as
+    `train_eagle3`; returns the training report."""
     settings = settings or TrainingSettings()
     out = Path(out)
-    heads = build_medusa_heads(target, num_heads, num_layers, own_lm_heads)
+    heads = build_medusa_heads(target, num_heads, num_layers, own_lm_heads, init)
+    num_heads, num_layers, own_lm_heads = heads.num_heads, heads.num_layers, heads.has_lm_heads
     loss = MedusaLoss(target, head_decay, TargetFeatures(target, [], feature_cache))
     evaluate = acceptance_evaluator(target, MedusaDrafter, held_out_prompts(held_out), eval_tokens,
-                                    pad_token_id=tokenizer.pad_token_id)
+                                    pad_token_id=pad_id(tokenizer))
     identity = fingerprint(target, target_name, "medusa", num_heads=num_heads, num_layers=num_layers,
                              own_lm_heads=own_lm_heads)
-    result = fit(heads, loss, _indexed(examples), tokenizer.pad_token_id, settings, evaluate, out, identity,
+    result = fit(heads, loss, _indexed(examples), pad_id(tokenizer), settings, evaluate, out, identity,
                  resume, "medusa")
     save_medusa_heads(heads, out, base_model_name_or_path=target_name, dtype=dtype)
     return _report(out, result, settings, {"kind": "medusa", "target": target_name, "num_heads": num_heads,
@@ -168,9 +189,9 @@ def train_draft(target, tokenizer, examples, held_out, out: str | Path, *, targe
     out, model = Path(out), draft
     loss = DistillLoss(target, divergence, TargetFeatures(target, [], feature_cache))
     evaluate = acceptance_evaluator(target, lambda m: DraftModelDrafter(m.eval(), num_draft_tokens=num_draft_tokens),
-                                    held_out_prompts(held_out), eval_tokens, pad_token_id=tokenizer.pad_token_id)
+                                    held_out_prompts(held_out), eval_tokens, pad_token_id=pad_id(tokenizer))
     identity = fingerprint(target, target_name, "draft", draft=draft_name, divergence=divergence)
-    result = fit(model, loss, _indexed(examples), tokenizer.pad_token_id, settings, evaluate, out, identity,
+    result = fit(model, loss, _indexed(examples), pad_id(tokenizer), settings, evaluate, out, identity,
                  resume, "draft")
     model.eval().to(dtype or model.dtype).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -180,4 +201,4 @@ def train_draft(target, tokenizer, examples, held_out, out: str | Path, *, targe
                              f"mean acceptance length {result['best']['mean_acceptance_length']:.2f} at step "
                              f"{result['best_step']}").save_pretrained(out)
     return _report(out, result, settings, {"kind": "draft", "target": target_name, "draft": draft_name,
-                                           "divergence": divergence, "num_examples": len(examples)})
+                                           "divergence": divergence, "num_examples": len(examples)}, card=False)
