@@ -518,7 +518,7 @@ def _model_name(model) -> str | None:
 def _provenance(target, draft, run: dict) -> dict:
     """The run's provenance, the same object on every record: versions, device, models, and `run` (the methods,
     settings and prompts' fingerprint that a resumed run must share)."""
-    from . import __version__
+    from .. import __version__
 
     return {
         "git_commit": _git_commit(),
