@@ -3,8 +3,11 @@
 import json
 import shlex
 import warnings
+from pathlib import Path
 
-from ..loading import resolve_model_id
+from ..heads.files import head_folder
+from ..heads.medusa_formats import read_medusa_heads, save_vllm_medusa
+from ..loading import load_model, resolve_model_id
 from ..verifiers import VERIFIERS
 from .speculators_format import SPECULATORS_TYPES
 
@@ -36,8 +39,8 @@ def _check_head(config) -> None:
     if config.method == "medusa":
         raise ValueError(
             "vLLM reads Medusa heads in its own layout (blocks.*, lm_heads.*), not the FasterDecoding checkpoints "
-            "hf_speculators reads: convert the heads to vLLM's layout, then pass them as speculative_config="
-            "{'method': 'medusa', 'model': FOLDER}."
+            "hf_speculators reads: `hf-speculators export NAME --to vllm` (or `convert_medusa_heads`) writes them in "
+            "vLLM's layout, then pass them as speculative_config={'method': 'medusa', 'model': FOLDER}."
         )
     if config.method in VLLM_METHODS and config.tree is not None:
         raise ValueError(
@@ -129,15 +132,49 @@ def llm_call(target: str | None, speculative_config: dict) -> str:
     return f"llm = LLM(model={target or 'TARGET_MODEL'!r}, speculative_config={speculative_config!r})"
 
 
-def vllm_commands(config) -> str:
+def convert_medusa_heads(config, out: str | Path) -> tuple[dict, list[str]]:
+    """Writes the Medusa heads of `config` (method `"medusa"`) in vLLM's layout under `out` (see
+    `hf_speculators.heads.medusa_formats.save_vllm_medusa`; heads that use the target's LM head get a copy of it,
+    read from `config.target_model`) and returns vLLM's `speculative_config` for them (a chain of
+    `num_draft_tokens`, by default one token per head) and notes on what was left out: a relaxed verification
+    (Medusa's typical acceptance), since vLLM verifies losslessly.
+
+    Raises:
+        `ValueError`: a config of another method, a token tree (vLLM drafts Medusa chains), or heads that need the
+            target's LM head without `target_model`.
+    """
+    if config.method != "medusa" or config.tree is not None:
+        raise ValueError(f"convert_medusa_heads takes a Medusa chain config, got method={config.method!r}, "
+                         f"tree={config.tree!r}.")
+    notes = []
+    if config.verification is not None and not (config.verification in VERIFIERS and VERIFIERS[config.verification].lossless):
+        notes.append(f"verification={config.verification!r} is left out: vLLM verifies Medusa drafts losslessly, so "
+                     "it generates the target's own output at a lower acceptance.")
+    heads = read_medusa_heads(head_folder(config.draft_model, config.draft_revision))
+    lm_head = None
+    if not heads.has_lm_heads:
+        if config.target_model is None:
+            raise ValueError("These Medusa heads use the target's LM head: set target_model so that its LM head can "
+                             "be written beside them.")
+        lm_head = load_model(config.target_model).get_output_embeddings().weight
+    folder = save_vllm_medusa(heads, out, lm_head)
+    return {"method": "medusa", "model": str(folder),
+            "num_speculative_tokens": config.num_draft_tokens or heads.num_heads}, notes
+
+
+def vllm_commands(config, out: str | Path | None = None) -> str:
     """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
     same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
-    unset).
+    unset). Medusa heads are first converted to vLLM's layout in `out` (`convert_medusa_heads`; default
+    `medusa-vllm` in the working directory).
 
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    exported, notes = to_vllm_with_notes(config)
+    if config.method == "medusa":
+        exported, notes = convert_medusa_heads(config, out or "medusa-vllm")
+    else:
+        exported, notes = to_vllm_with_notes(config)
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
     return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,

@@ -210,30 +210,68 @@ def _layer_dict(config) -> dict:
     return fields
 
 
+SPECULATORS_VERSION = "0.9.0"  # the speculators release whose files `save_eagle3_head` writes
+
+
+def _head_state(head: Eagle3Head, embed_tokens: torch.Tensor | None, dtype: torch.dtype | None) -> dict:
+    """The head's tensors as files hold them: `embed_tokens.weight` (the head's, else `embed_tokens`), and `t2d`
+    (bool, the target ids in the draft vocabulary) beside `d2t` for a reduced vocabulary; cast to `dtype`."""
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in head.state_dict().items()}
+    if embed_tokens is not None and "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = embed_tokens.detach().cpu().contiguous()
+    if dtype is not None:
+        state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+    if head.d2t is not None:
+        t2d = torch.zeros(head.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(head.d2t)) + state["d2t"]] = True
+        state["t2d"] = t2d
+    return state
+
+
+def _dtype_name(state: dict) -> str:
+    floating = next(tensor for tensor in state.values() if tensor.is_floating_point())
+    return str(floating.dtype).removeprefix("torch.")
+
+
 def save_eagle3_head(head: Eagle3Head, folder: str | Path, *, verifier_name_or_path: str,
                      verifier_architectures: list[str] | None = None, num_draft_tokens: int = 3,
-                     dtype: torch.dtype | None = None) -> Path:
-    """Saves `head` in the speculators `eagle3` format: `config.json` and `model.safetensors`, as vLLM loads them
-    (`vllm serve TARGET --speculative-config '{"model": FOLDER, ...}'`).
+                     dtype: torch.dtype | None = None, embed_tokens: torch.Tensor | None = None) -> Path:
+    """Saves `head` in the speculators `eagle3` format as speculators 0.9's own `save_pretrained` writes it:
+    `config.json` (with `speculators_version`, the four norm flags always written, `embed_requires_grad`) and
+    `model.safetensors` (with `embed_tokens.weight`, and `d2t`/`t2d` for a reduced draft vocabulary), as vLLM
+    (`vllm serve TARGET --speculative-config '{"model": FOLDER, ...}'`) and speculators'
+    `Eagle3DraftModel.from_pretrained` load them.
+
+    speculators 0.9 needs `embed_tokens.weight` in the file: without it, its loader leaves the embedding as
+    uninitialised memory (it copies the verifier's only when that memory happens to hold NaN).
 
     Args:
         head (`Eagle3Head`): the head to save.
         folder (`str` or `Path`): created if needed; written all at once (`hf_speculators.folders.write_folder`).
-        verifier_name_or_path (`str`): the target model (`speculators_config.verifier.name_or_path`).
+        verifier_name_or_path (`str`): the target model (`speculators_config.verifier.name_or_path`); a Hub id keeps
+            the files portable (speculators' loader reads the verifier's config from it).
         verifier_architectures (`list[str]`, *optional*): e.g. `["LlamaForCausalLM"]`.
         num_draft_tokens (`int`, defaults to 3): `speculative_tokens` of the greedy proposal method.
         dtype (`torch.dtype`, *optional*): cast floating-point tensors (e.g. `torch.float16`); default as they are.
+        embed_tokens (`torch.Tensor` of shape `(vocab_size, hidden_size)`, *optional*): the target's input
+            embeddings, written when the head has none of its own.
 
     Returns:
         `Path`: the folder.
     """
+    state = _head_state(head, embed_tokens, dtype)
     config = {
         "speculators_model_type": "eagle3",
-        "architectures": ["Eagle3Speculator"],
+        "speculators_version": SPECULATORS_VERSION,
+        "architectures": ["Eagle3DraftModel"],
         "transformer_layer_config": _layer_dict(head.config),
         "draft_vocab_size": head.draft_vocab_size,
         **head.flags,
+        "embed_requires_grad": False,
         "eagle_aux_hidden_state_layer_ids": head.aux_layer_ids,
+        "target_hidden_size": head.target_hidden_size if head.target_hidden_size != head.hidden_size else None,
+        "tie_word_embeddings": False,
+        "dtype": _dtype_name(state),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_draft_tokens,
@@ -242,17 +280,41 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path, *, verifier_name_or_p
             "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures or [])},
         },
     }
-    if head.target_hidden_size != head.hidden_size:
-        config["target_hidden_size"] = head.target_hidden_size
-    state = {name: tensor.detach().cpu().contiguous() for name, tensor in head.state_dict().items()}
-    if dtype is not None:
-        state = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
-    if head.d2t is not None:
-        t2d = torch.zeros(head.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(len(head.d2t)) + state["d2t"]] = True
-        state["t2d"] = t2d
+    return _write_head(folder, config, state)
+
+
+def _write_head(folder: str | Path, config: dict, state: dict) -> Path:
+    """Writes `config.json` and `model.safetensors` into `folder` all at once (an interrupted save leaves nothing
+    half-written, `hf_speculators.folders.write_folder`); returns the folder."""
+
     def write(temporary: Path) -> None:
         (temporary / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(state, str(temporary / "model.safetensors"), metadata={"format": "pt"})
 
-    return write_folder(folder, write)  # all at once: an interrupted save leaves nothing half-written
+    return write_folder(folder, write)
+
+
+def save_safeailab_eagle3(head: Eagle3Head, folder: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Saves `head` in SafeAILab/EAGLE's EAGLE-3 layout, which SGLang (`--speculative-algorithm EAGLE3`), vLLM
+    (`method: "eagle3"`) and SpecForge read: a Llama `config.json` with `architectures: ["LlamaForCausalLMEagle3"]`,
+    `draft_vocab_size` and `eagle_config.eagle_aux_hidden_state_layer_ids`; `model.safetensors` with `midlayer.*`
+    (the head's one layer), `fc`, `norm`, `lm_head`, `d2t`/`t2d`, and no `embed_tokens` (the readers use the
+    target's, as SafeAILab's training saves it). `load_eagle_head` reads it back.
+
+    Raises:
+        `ValueError`: a head this layout cannot hold: more than one layer, or one of the speculators flags
+            (`norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output`) set.
+    """
+    if head.config.num_hidden_layers != 1 or any(head.flags.values()):
+        raise ValueError("The SafeAILab EAGLE-3 layout holds one decoder layer (midlayer) without the speculators "
+                         f"flags; this head has {head.config.num_hidden_layers} layers and flags {head.flags}. "
+                         "Save it in the speculators format instead.")
+    state = {("midlayer." + name[len("layers.0."):] if name.startswith("layers.0.") else name): tensor
+             for name, tensor in _head_state(head, None, dtype).items() if name != "embed_tokens.weight"}
+    config = {**_layer_dict(head.config), "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+              "draft_vocab_size": head.draft_vocab_size, "norm_before_residual": False, "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": head.aux_layer_ids, "use_aux_hidden_state": True},
+              "torch_dtype": _dtype_name(state)}
+    if head.target_hidden_size != head.hidden_size:
+        config["target_hidden_size"] = head.target_hidden_size
+    return _write_head(folder, config, state)

@@ -141,3 +141,81 @@ def save_medusa_heads(heads: MedusaHeads, folder: str | Path, *, weights: str = 
             torch.save(state, temporary / WEIGHT_FILES[1])
 
     return write_folder(folder, write)  # all at once: an interrupted save leaves nothing half-written
+
+
+VLLM_WEIGHTS = "model.safetensors"
+
+
+def save_vllm_medusa(heads: MedusaHeads, folder: str | Path, lm_head_weight: torch.Tensor | None = None,
+                     dtype: torch.dtype | None = None) -> Path:
+    """Saves `heads` in vLLM's own Medusa layout (`vllm/model_executor/models/medusa.py`, config
+    `vllm/transformers_utils/configs/medusa.py`), which vLLM serves with `speculative_config={"method": "medusa",
+    "model": FOLDER, "num_speculative_tokens": num_heads}`: `config.json` (`model_type: "medusa"`, `hidden_size`,
+    `vocab_size`, `num_heads`, `num_hidden_layers`, `truncated_vocab_size`, `medusa_fc_bias: true`) and
+    `model.safetensors` with `blocks.{h}.layers.{l}.{weight,bias}` and `lm_heads.{h}.weight`. Heads without LM
+    heads of their own (version 2) are written with `original_lm_head: true` and the target's LM head as
+    `lm_heads.0.weight`, which vLLM then shares between the heads. `read_vllm_medusa` reads it back.
+
+    Args:
+        heads (`MedusaHeads`): the heads.
+        folder (`str` or `Path`): created if missing, written all at once.
+        lm_head_weight (`torch.Tensor` of shape `(vocab_size, hidden_size)`, *optional*): the target's LM head;
+            required for heads without their own.
+        dtype (`torch.dtype`, *optional*): the stored dtype; the heads' own by default.
+
+    Raises:
+        `ValueError`: version 2 heads without `lm_head_weight`, or an LM head of the wrong width.
+    """
+    if not heads.has_lm_heads and (lm_head_weight is None or lm_head_weight.shape[1] != heads.hidden_size):
+        raise ValueError("These Medusa heads use the target's LM head: pass lm_head_weight, the target's "
+                         f"get_output_embeddings().weight of width {heads.hidden_size}.")
+    state = {}
+    for h, head in enumerate(heads.heads):
+        for layer in range(heads.num_layers):
+            state[f"blocks.{h}.layers.{layer}.weight"] = head[layer].linear.weight
+            state[f"blocks.{h}.layers.{layer}.bias"] = head[layer].linear.bias
+        if heads.has_lm_heads:
+            state[f"lm_heads.{h}.weight"] = head[heads.num_layers].weight
+    if not heads.has_lm_heads:
+        state["lm_heads.0.weight"] = lm_head_weight
+    state = {name: tensor.detach().to(dtype or tensor.dtype).cpu().contiguous() for name, tensor in state.items()}
+    vocab_size = next(tensor for name, tensor in state.items() if name.startswith("lm_heads.")).shape[0]
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": heads.hidden_size,
+              "vocab_size": vocab_size, "num_heads": heads.num_heads, "num_hidden_layers": heads.num_layers,
+              "truncated_vocab_size": vocab_size, "medusa_fc_bias": True,
+              "original_lm_head": not heads.has_lm_heads}
+
+    def write(temporary: Path) -> None:
+        (temporary / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(state, str(temporary / VLLM_WEIGHTS))
+
+    return write_folder(folder, write)  # all at once: an interrupted save leaves nothing half-written
+
+
+def read_vllm_medusa(folder: str | Path) -> MedusaHeads:
+    """The `MedusaHeads` of a folder in vLLM's Medusa layout (`save_vllm_medusa`): with `original_lm_head`, heads
+    without LM heads of their own (the shared `lm_heads.0.weight` is the target's); otherwise one LM head each.
+
+    Raises:
+        `ValueError`: a config that is not vLLM's Medusa config, or weights that do not fit it.
+    """
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    if config.get("model_type") != "medusa" or "num_heads" not in config:
+        raise ValueError(f"{folder}: not vLLM's Medusa layout (config.json needs model_type 'medusa' and num_heads).")
+    state = read_weights(folder, (VLLM_WEIGHTS,))
+    shared = bool(config.get("original_lm_head", False))
+    heads = MedusaHeads(config["hidden_size"], config["num_heads"], config["num_hidden_layers"],
+                        None if shared else config["vocab_size"])
+    renamed = {}
+    for name, tensor in state.items():
+        match = re.fullmatch(r"blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)", name)
+        if match:
+            renamed[f"heads.{match[1]}.{match[2]}.linear.{match[3]}"] = tensor.float()
+        elif not shared and re.fullmatch(r"lm_heads\.\d+\.weight", name):
+            renamed[f"heads.{name.split('.')[1]}.{heads.num_layers}.weight"] = tensor.float()
+    try:
+        heads.load_state_dict(renamed)
+    except RuntimeError as error:
+        raise ValueError(f"{folder}: the weights do not fit the vLLM Medusa config: {error}") from None
+    return heads

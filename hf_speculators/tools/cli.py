@@ -27,6 +27,7 @@ from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
 from .plots import plot_benchmark, pyplot, read_records
 from .quiet import quiet_third_party
+from ..training.cli import add_training_commands
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
     DEFAULT_TYPICAL_EPSILONS,
@@ -284,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(commands)
     _add_presets(commands)
     _add_export(commands)
+    add_training_commands(commands)
     return parser
 
 
@@ -309,6 +311,7 @@ def _add_export(commands) -> None:
     export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
     _add_verbose_option(export)
+    export.add_argument("--out", default=None, help="Medusa heads: where to write them in vLLM's layout")
     export.set_defaults(run=run_export)
 
 
@@ -514,7 +517,7 @@ def run_presets_show(args) -> int:
 
 
 def run_export(args) -> int:
-    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name)))
+    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name), args.out))
     return 0
 
 
