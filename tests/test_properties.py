@@ -185,3 +185,63 @@ def test_lossless_verifiers_agree_under_greedy_decoding(verifier, case):
     reference = hs.ExactVerifier()(draft, scores, do_sample=False, generator=None)
     assert verdict.accepted_nodes.tolist() == reference.accepted_nodes.tolist()
     assert int(verdict.next_token) == int(reference.next_token)
+
+
+# ---------------------------------------------------------------- ragged cache rollback against a fresh forward
+
+CACHE_STEPS = settings(max_examples=15, deadline=None, database=None, derandomize=True, print_blob=False)
+
+
+@st.composite
+def ragged_runs(draw):
+    """Per row a prompt, then steps: per row a draft (parent list and tokens) and which root-to-leaf path it keeps."""
+    num_rows = draw(st.integers(1, 3))
+    prompts = [draw(st.lists(st.integers(0, 90), min_size=1, max_size=5)) for _ in range(num_rows)]
+    steps = []
+    for _ in range(draw(st.integers(1, 3))):
+        step = []
+        for _ in range(num_rows):
+            parents = draw(parent_lists(max_nodes=4))
+            tokens = [draw(st.integers(0, 90)) for _ in parents]
+            leaf = draw(st.integers(-1, len(parents) - 1))
+            step.append((parents, tokens, sorted(path_to_root(parents, leaf))))
+        steps.append(step)
+    return prompts, steps, draw(st.sampled_from([0, 2, 1000]))
+
+
+@CACHE_STEPS
+@given(ragged_runs())
+def test_ragged_cache_keeps_exactly_what_a_fresh_forward_sees(zoo, run):
+    """After any sequence of steps (chains or trees, rows keeping any root-to-leaf path, compaction at any
+    threshold), every row's next-token logits equal a plain forward over the tokens it kept."""
+    from transformers import DynamicCache
+
+    from hf_speculators.cache import RaggedCache
+    from hf_speculators.query import Query, forward
+
+    model = zoo.target("llama")
+    prompts, steps, max_holes = run
+    width = max(map(len, prompts))
+    ragged = RaggedCache(DynamicCache(config=model.config), torch.zeros(len(prompts), 0, dtype=torch.bool), max_holes)
+    valid = torch.tensor([[i >= width - len(p) for i in range(width)] for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    with torch.no_grad():
+        forward(model, ragged, Query.chain(ids, valid))
+        ragged.append(valid)
+        kept = [list(p) for p in prompts]
+        for step in steps:
+            pending = torch.tensor([row[-1] for row in kept])  # a token fed again, as a pending token would be
+            drafts = [Draft(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+                      for parents, tokens, _ in step]
+            query = Query.from_drafts(pending, drafts, 0)
+            forward(model, ragged, query)
+            keep = torch.zeros_like(query.valid)
+            for i, (_, tokens, path) in enumerate(step):
+                keep[i, [0] + [1 + node for node in path]] = True
+                kept[i] += [kept[i][-1]] + [tokens[node] for node in path]
+            ragged.append(keep)
+        logits = forward(model, ragged, Query.chain(torch.tensor([[5]] * len(kept)),
+                                                    torch.ones(len(kept), 1, dtype=torch.bool)))[:, -1]
+        for i, tokens in enumerate(kept):
+            torch.testing.assert_close(logits[i], model(torch.tensor([tokens + [5]])).logits[0, -1],
+                                       rtol=1e-4, atol=1e-4)
