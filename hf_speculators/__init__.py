@@ -5,7 +5,7 @@ from .decoding import SpeculativeGenerateOutput, enable, generate
 from . import layers
 from .drafters import (
     DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, MedusaDrafter,
-    PromptLookupDrafter, StaticTree, TreeDrafter,
+    PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .metrics import SpeculativeStats
 from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
@@ -44,6 +44,7 @@ __all__ = [
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "StaticTree",
+    "SuffixDrafter",
     "TokenTree",
     "TopKVerifier",
     "TreeDrafter",

@@ -59,6 +59,7 @@ class SpeculativeLoop:
         start = clock(self.device)
         batch_size = input_ids.shape[0]
         self.sequences = list(input_ids.split(1))  # [1, length] per row, left padding included
+        self.prompt_width = input_ids.shape[1]
         self.num_pads = num_pads
         self.row_stats = [SpeculativeStats(lossless=self.stats.lossless, verifier=self.stats.verifier,
                                            drafter=self.stats.drafter) for _ in num_pads]
@@ -182,6 +183,9 @@ class SpeculativeLoop:
         (as after plain `generate`)."""
         if self.streamer is not None:
             self.streamer.end()
+        prompt_lengths = [self.prompt_width - pads for pads in self.num_pads]
+        self.stats.drafter_stats = self.drafter.finish(
+            self.state, [sequence[:, pads:] for sequence, pads in zip(self.sequences, self.num_pads)], prompt_lengths)
         for row_stats in self.row_stats:
             self.stats.add(row_stats)
         if len(self.sequences) > 1:

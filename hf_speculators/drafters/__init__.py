@@ -6,6 +6,7 @@ from .eagle import EagleDrafter
 from .layer_skip import LayerSkipDrafter
 from .medusa import MedusaDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter
 from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
 
 DRAFTERS: dict[str, type[Drafter]] = {
@@ -16,9 +17,10 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "eagle3": EagleDrafter,  # the checkpoint's files say which EAGLE format; the method name is vLLM's
     "eagle": EagleDrafter,
     MedusaDrafter.name: MedusaDrafter,
+    SuffixDrafter.name: SuffixDrafter,
 }
 
 __all__ = [
     "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter",
-    "PromptLookupDrafter", "StaticTree", "TreeDrafter", "tree_shape",
+    "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]
