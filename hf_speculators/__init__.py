@@ -4,8 +4,8 @@ from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from . import layers
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, MedusaDrafter,
-    PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
+    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, LookaheadDrafter,
+    MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .metrics import SpeculativeStats
 from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
@@ -33,6 +33,7 @@ __all__ = [
     "Drafter",
     "EagleDrafter",
     "LayerSkipDrafter",
+    "LookaheadDrafter",
     "MedusaDrafter",
     "DynamicTree",
     "ExactVerifier",

@@ -4,6 +4,7 @@ from .base import Drafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .layer_skip import LayerSkipDrafter
+from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter
@@ -17,10 +18,11 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "eagle3": EagleDrafter,  # the checkpoint's files say which EAGLE format; the method name is vLLM's
     "eagle": EagleDrafter,
     MedusaDrafter.name: MedusaDrafter,
+    LookaheadDrafter.name: LookaheadDrafter,
     SuffixDrafter.name: SuffixDrafter,
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter",
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]
