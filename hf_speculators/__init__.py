@@ -4,8 +4,8 @@ from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from . import layers
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, LookaheadDrafter,
-    MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
+    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
+    LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .metrics import SpeculativeStats
 from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
@@ -38,6 +38,7 @@ __all__ = [
     "DynamicTree",
     "ExactVerifier",
     "GoodputSchedule",
+    "HybridDrafter",
     "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",

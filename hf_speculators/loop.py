@@ -118,7 +118,7 @@ class SpeculativeLoop:
             finished.append(done)
             accepted.append(len(nodes))
         # 4. the drafter reads what it needs of the forward; each row's cache keeps its committed slots
-        self._feedback(keep, query, logits)
+        self._feedback(keep, query, logits, accepted)
         self.cache.append(keep)
         if any(finished):
             self.running = [row for row, done in zip(rows, finished) if not done]
@@ -160,12 +160,14 @@ class SpeculativeLoop:
         if self.streamer is not None:
             self.streamer.put(new_tokens.cpu())
 
-    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None) -> None:
-        """Hands the drafter the features of each row's kept slots and the logits of its unverified tokens."""
+    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None,
+                  accepted: list[int] | None = None) -> None:
+        """Hands the drafter the features of each row's kept slots, the logits of its unverified tokens and, after a
+        step, each row's accepted draft tokens (after a prefill: only when it reads features)."""
         features = self.target.features
         extra = query is not None and query.visible is not None and any(
             int(query.valid[i].sum()) > n for i, n in enumerate(query.num_verified))
-        if features is None and not extra:
+        if features is None and not extra and accepted is None:
             return
         rows = self.running
         kept = [keep[i].to(features.device) for i in range(len(rows))] if features is not None else None
@@ -175,6 +177,7 @@ class SpeculativeLoop:
             features=None if kept is None else [features[i, slots] for i, slots in enumerate(kept)],
             extra_logits=None if not extra else [
                 logits[i, n : int(query.valid[i].sum())] for i, n in enumerate(query.num_verified)],
+            num_accepted=accepted,
         ))
 
     def output(self) -> SpeculativeGenerateOutput:

@@ -202,7 +202,8 @@ def test_relaxed_verifiers_build_with_their_parameters(verification, settings, e
 
 def test_a_speculators_type_raises_naming_it_and_listing_the_drafters(target):
     config = hs.SpeculativeConfig(method="dflash", draft_model="org/speculator")
-    drafters = r"\['draft-model', 'eagle', 'eagle3', 'layer-skip', 'medusa', 'prompt-lookup', 'tree'\]"
+    drafters = (r"\['draft-model', 'eagle', 'eagle3', 'hybrid', 'layer-skip', 'lookahead', 'medusa', 'prompt-lookup', "
+                r"'suffix', 'tree'\]")
     with pytest.raises(ValueError, match=r"method='dflash' cannot be built .*" + drafters + ".*vLLM"):
         config.build(target)
 

@@ -3,6 +3,7 @@
 from .base import Drafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
+from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
@@ -20,9 +21,10 @@ DRAFTERS: dict[str, type[Drafter]] = {
     MedusaDrafter.name: MedusaDrafter,
     LookaheadDrafter.name: LookaheadDrafter,
     SuffixDrafter.name: SuffixDrafter,
+    HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

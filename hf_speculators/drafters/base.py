@@ -65,12 +65,15 @@ class StepFeedback:
             `layer_ids` then the final norm's output, concatenated.
         extra_logits (`list[torch.FloatTensor]`, *optional*): for a draft with unverified query tokens
             (`Draft.extra_token_ids`), row i's target logits `(num_extra_i, vocab_size)` of them.
+        num_accepted (`list[int]`, *optional*): after a step (not a prefill), row i's accepted draft tokens, as the
+            verifier counted them (a stopping criterion may have kept fewer).
     """
 
     rows: list[int]
     positions: list[int]
     features: list[torch.FloatTensor] | None = None
     extra_logits: list[torch.FloatTensor | None] | None = None
+    num_accepted: list[int] | None = None
 
 
 @dataclass
