@@ -37,7 +37,9 @@ def _from_config(model, drafter, verifier, schedule, speculative_config, target_
     and `num_draft_tokens_schedule=` win over the config's.
 
     The build is kept on the model instance (`BUILT_ATTRIBUTE`) and reused while the config's fields, the model's
-    device and dtype and the tokenizer are the same, so a draft model loads once, not on every call. Kept on the
+    device and dtype and the tokenizer are the same, so a draft model loads once, not on every call. A drafter that
+    converts its module to each call's target itself (`converts_per_call`, the learned heads) is reused across
+    devices and dtypes too: nothing is loaded from disk again. Kept on the
     instance rather than in a `weakref.WeakKeyDictionary` keyed by the model: a drafter may hold the model (layer
     skip drafts with its layers), and a weak-key entry whose value refers to its key is never freed; on the
     instance it is an ordinary reference cycle that dies with the model. One build per model: a changed config
@@ -57,8 +59,8 @@ def _from_config(model, drafter, verifier, schedule, speculative_config, target_
     schedule = check_schedule(schedule if schedule is not None else speculative_config.num_draft_tokens_schedule)
     settings, device, dtype = speculative_config.to_dict(), str(model.device), model.dtype
     built = model.__dict__.get(BUILT_ATTRIBUTE)
-    if built is None or (built.settings, built.device, built.dtype, built.tokenizer) != (
-            settings, device, dtype, target_tokenizer):
+    if built is None or (built.settings, built.tokenizer) != (settings, target_tokenizer) or (
+            (built.device, built.dtype) != (device, dtype) and not getattr(built.drafter, "converts_per_call", False)):
         setattr(model, BUILT_ATTRIBUTE, None)  # free the previous draft model before loading the next one
         drafter, config_verifier = speculative_config.build(model, target_tokenizer)
         built = _Built(settings, device, dtype, target_tokenizer, drafter, config_verifier)

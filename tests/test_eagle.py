@@ -2,6 +2,7 @@
 reference forward of the format's definition, lossless sampling with a reduced draft vocabulary, format detection,
 the speculators round trip, and every error."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteri
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_speculators as hs
+from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
@@ -67,13 +69,14 @@ def saved(tmp_path_factory):
 
 
 class RecordingEagle(EagleDrafter):
-    """Keeps the first draft token of each step, by committed length."""
+    """Keeps the first draft token of each step, by committed length (one sequence)."""
 
-    def propose(self, input_ids, max_tokens):
-        draft = super().propose(input_ids, max_tokens)
-        if draft.num_nodes:
-            self.first_tokens[input_ids.shape[1]] = int(draft.token_ids[0])
-        return draft
+    def propose(self, state, input_ids, max_tokens, rows):
+        drafts = super().propose(state, input_ids, max_tokens, rows)
+        for ids, draft in zip(input_ids, drafts):
+            if draft.num_nodes:
+                self.first_tokens[ids.shape[1]] = int(draft.token_ids[0])
+        return drafts
 
 
 def run(target, folder, prompt="random", **drafter_kwargs):
@@ -110,7 +113,7 @@ def test_default_feature_layers_are_2_half_and_minus_3_in_that_order(targets, tm
     folder = save_in_format(random_eagle3(20, aux_layer_ids=None), tmp_path, "speculators-eagle3")
     assert json.loads((folder / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] is None
     out, drafter = run(target, folder, num_draft_tokens=3)
-    assert drafter.feature_points(target) == ([2, 2, 1], False)
+    assert drafter.target_needs(target) == TargetNeeds(layer_ids=(2, 2, 1), final_norm=False)
     assert_same_tokens(out.sequences, plain_generate(target, prompt_ids("random")))
     check_first_drafts(drafter, folder, "speculators-eagle3", target, out.sequences)
 
@@ -177,13 +180,51 @@ def test_sampled_chain_drafts_carry_zero_probability_outside_the_draft_vocabular
     drafter = EagleDrafter.from_pretrained(str(fitted), num_draft_tokens=3)
     drafts = []
     original = drafter.propose
-    drafter.propose = lambda input_ids, max_tokens: drafts.append(original(input_ids, max_tokens)) or drafts[-1]
+    drafter.propose = lambda *args: drafts.extend(original(*args)) or drafts[-1:]
     speculative_generate(targets["llama"], prompt_ids("random"), drafter, do_sample=True, top_k=0,
                          generator=torch.Generator().manual_seed(0))
     outside = torch.ones(VOCAB_SIZE, dtype=torch.bool)
     outside[torch.arange(64) + drafter.head.d2t] = False
     probs = torch.cat([draft.draft_probs for draft in drafts])
     assert probs[:, outside].sum() == 0 and torch.allclose(probs.sum(-1), torch.ones(len(probs)))
+
+
+# ---------------------------------------------------------------- the head on the target's device and dtype
+
+
+def test_a_head_of_another_dtype_is_copied_never_changed(targets, fitted):
+    """A head the user passed stays as it is: the drafter runs a converted copy, made once per (device, dtype)."""
+    target = copy.deepcopy(targets["llama"]).double()
+    head = load_eagle_head(fitted)
+    drafter = EagleDrafter(head, num_draft_tokens=3)
+    for _ in range(2):
+        out = speculative_generate(target, prompt_ids("random"), drafter, return_dict_in_generate=True)
+        assert_same_tokens(out.sequences, plain_generate(target, prompt_ids("random")))
+    assert out.speculative_stats.num_accepted_tokens > 0
+    assert {parameter.dtype for parameter in head.parameters()} == {torch.float32}
+    converted = drafter.module_for(torch.device("cpu"), torch.float64)
+    assert converted is not head and {parameter.dtype for parameter in converted.parameters()} == {torch.float64}
+    assert list(drafter._converted.values()) == [converted]  # one copy, reused by the second call
+
+
+def test_a_dtype_change_converts_the_config_built_head_without_reloading(targets, fitted, monkeypatch):
+    """`speculative_config=` builds the drafter once; on a target moved to another dtype the same drafter serves
+    (its own head moved in place), nothing is read from disk again."""
+    import hf_speculators.drafters.eagle as eagle_module
+
+    loads, load = [], eagle_module.load_eagle_head
+    monkeypatch.setattr(eagle_module, "load_eagle_head", lambda folder: loads.append(folder) or load(folder))
+    target = copy.deepcopy(targets["llama"])
+    config = hs.SpeculativeConfig(method="eagle3", draft_model=str(fitted), num_draft_tokens=3)
+    outputs = []
+    for dtype in (torch.float32, torch.float64):
+        target.to(dtype)
+        outputs.append(target.generate(prompt_ids("random"), custom_generate=hs.generate, speculative_config=config,
+                                       do_sample=False, max_new_tokens=24))
+        assert_same_tokens(outputs[-1], plain_generate(target, prompt_ids("random")))
+    assert len(loads) == 1
+    head = target._hf_speculators_built.drafter.head
+    assert {parameter.dtype for parameter in head.parameters()} == {torch.float64}
 
 
 # ---------------------------------------------------------------- formats

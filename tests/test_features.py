@@ -1,108 +1,109 @@
-"""Target features recorded in the target's own forwards: committed rows equal a full forward's hidden states."""
+"""Target features captured in the loop's own forwards (`target.FeatureCapture`) and handed to a drafter through
+`observe`: each row's features are exactly its full forward's hidden states, every kept position once, in order,
+for chains and token trees, one sequence and a batch."""
 
 import pytest
 import torch
-from speculative_helpers import assert_same_tokens, prompt_ids, speculative_generate
+from batch_helpers import PAD, left_padded
+from drafters_for_tests import ScriptedDrafter, WrongFirstTreeDrafter
+from speculative_helpers import PROMPTS, assert_same_tokens, plain_generate, prompt_ids, speculative_generate
 
 import hf_speculators as hs
-from hf_speculators.drafters.feature import FeatureDrafter
-from hf_speculators.features import TargetFeatures, accepted_path
-from hf_speculators.tree import TokenTree
+from hf_speculators.drafters.base import TargetNeeds
+from hf_speculators.target import FeatureCapture
+
+LAYER_IDS, FINAL_NORM = (0, 1), True
 
 
-class RecordingDrafter(FeatureDrafter):
-    """Drafts with `inner` and keeps every committed feature row with its position."""
+class RecordingDrafter(hs.Drafter):
+    """Drafts each row with its own test drafter and keeps every feature row `observe` hands over, by (row,
+    position)."""
 
-    def __init__(self, inner, layer_ids, final_norm):
-        super().__init__(inner.num_draft_tokens)
-        self.inner, self.points, self.rows = inner, (list(layer_ids), final_norm), {}
+    def __init__(self, inners: list, layer_ids=LAYER_IDS, final_norm=FINAL_NORM):
+        super().__init__(inners[0].num_draft_tokens)
+        self.inners, self.needs, self.features = inners, TargetNeeds(tuple(layer_ids), final_norm), {}
+        self.drafts_trees = any(inner.drafts_trees for inner in inners)
 
-    def feature_points(self, target):
-        return self.points
+    def target_needs(self, target) -> TargetNeeds:
+        return self.needs
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None):
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        self.inner.prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
+    def observe(self, state, feedback) -> None:
+        for row, position, features in zip(feedback.rows, feedback.positions, feedback.features):
+            for offset, feature in enumerate(features):
+                assert (row, position + offset) not in self.features  # each kept position once
+                self.features[row, position + offset] = feature
 
-    def propose(self, input_ids, max_tokens):
-        position, rows = self.committed_features(input_ids)
-        assert position + (0 if rows is None else len(rows)) == input_ids.shape[1] - 1  # up to the pending token
-        for i, row in enumerate([] if rows is None else rows):
-            assert position + i not in self.rows  # each position is committed once
-            self.rows[position + i] = row
-        return self.inner.propose(input_ids, max_tokens)
+    def draft_row(self, state, input_ids, max_tokens, row):
+        return self.inners[row].draft_row(state, input_ids, max_tokens, row)
 
 
-def _expected_rows(model, sequence, layer_ids, final_norm):
-    output = model(sequence, output_hidden_states=True)
-    states = [output.hidden_states[i] for i in layer_ids]  # hidden_states[i] enters layer i
-    if final_norm:
-        states.append(output.hidden_states[-1])  # after the final norm
+def expected_features(model, sequence: torch.LongTensor, layer_ids=LAYER_IDS, final_norm=FINAL_NORM):
+    """`(length, width)`: the hidden states entering `layer_ids` (and after the final norm) in a full forward."""
+    with torch.no_grad():
+        output = model(sequence, output_hidden_states=True)
+    states = [output.hidden_states[i] for i in layer_ids] + ([output.hidden_states[-1]] if final_norm else [])
     return torch.cat(states, dim=-1)[0]
+
+
+def check_row(drafter, model, row: int, sequence: torch.LongTensor) -> None:
+    """Row `row` was handed the features of every position of `sequence` `(1, length)` but the last, which is
+    still pending, equal to a full forward's."""
+    positions = sorted(position for r, position in drafter.features if r == row)
+    assert positions == list(range(sequence.shape[1] - 1))
+    actual = torch.stack([drafter.features[row, position] for position in positions])
+    torch.testing.assert_close(actual, expected_features(model, sequence)[:-1], atol=1e-5, rtol=1e-5)
+
+
+def inner(shape: str, reference, num_draft_tokens: int = 3):
+    """A chain drafter with some tokens right, or a tree whose accepted nodes are never the first ones (the
+    target's cache gathers their slots, and so must the features)."""
+    if shape == "chain":
+        return ScriptedDrafter(reference, num_draft_tokens, num_correct=1)
+    return WrongFirstTreeDrafter(reference, num_draft_tokens)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_committed_rows_are_the_full_forward_hidden_states(zoo, arch, shape):
-    target, draft = zoo.target(arch), zoo.noisy_draft(arch)
-    inner = (hs.DraftModelDrafter(draft, num_draft_tokens=3) if shape == "chain"
-             else hs.TreeDrafter(draft, hs.DynamicTree(depth=3, top_k=2, num_nodes=6)))
-    layer_ids, final_norm = [0, 1], True
-    drafter = RecordingDrafter(inner, layer_ids, final_norm)
+def test_one_sequence_gets_the_full_forward_hidden_states(zoo, arch, shape):
+    target, reference = zoo.target(arch), zoo.reference(arch, "random")
+    drafter = RecordingDrafter([inner(shape, reference)])
     out = speculative_generate(target, prompt_ids("random"), drafter, return_dict_in_generate=True)
-    assert_same_tokens(out.sequences, zoo.reference(arch, "random"))
-    assert 0 < out.speculative_stats.num_accepted_tokens < out.speculative_stats.num_draft_tokens  # both kinds met
-    # rows are committed up to the last step's pending token; the last step's own rows are never committed
-    with torch.no_grad():
-        expected = _expected_rows(target, out.sequences, layer_ids, final_norm)
-    assert sorted(drafter.rows) == list(range(len(drafter.rows)))
-    actual = torch.stack([drafter.rows[p] for p in sorted(drafter.rows)])
-    torch.testing.assert_close(actual, expected[: len(actual)], atol=1e-5, rtol=1e-5)
-    assert len(actual) >= out.sequences.shape[1] - 3 - drafter.num_draft_tokens  # no propose at a zero budget
+    assert_same_tokens(out.sequences, reference)
+    assert 0 < out.speculative_stats.num_accepted_tokens < out.speculative_stats.num_draft_tokens
+    check_row(drafter, target, 0, out.sequences)
 
 
-def test_one_token_prompt_has_no_prefill_rows(zoo):
-    drafter = RecordingDrafter(hs.PromptLookupDrafter(num_draft_tokens=2), [1], False)
-    speculative_generate(zoo.target("llama"), prompt_ids("one_token"), drafter, max_new_tokens=4)
-    assert 0 in drafter.rows and drafter.rows[0].shape == (48,)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_each_row_of_a_batch_gets_its_own_hidden_states(zoo, arch, shape):
+    """Rows of different prompt lengths (a one-token prompt has no prefill features), each its own features."""
+    target, names = zoo.target(arch), ("random", "one_token", "repetitive")
+    references = [plain_generate(target, prompt_ids(name)) for name in names]
+    drafter = RecordingDrafter([inner(shape, reference) for reference in references])
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in names])
+    out = speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, pad_token_id=PAD)
+    for row, reference in enumerate(references):
+        assert out[row, -reference.shape[1]:].tolist() == reference[0].tolist()
+        check_row(drafter, target, row, reference)
 
 
-def test_accepted_path_follows_committed_tokens():
-    tree = TokenTree(torch.tensor([-1, -1, 0, 0, 1, 2]))
-    tokens = torch.tensor([10, 11, 12, 13, 14, 15])
-    assert accepted_path(tree, tokens, [10, 12, 15, 99]) == [0, 2, 5]
-    assert accepted_path(tree, tokens, [11, 14, 7]) == [1, 4]
-    assert accepted_path(tree, tokens, [12]) == []
+def test_a_one_token_prompt_gets_its_first_feature_after_the_first_step(zoo):
+    reference = zoo.reference("llama", "one_token")
+    drafter = RecordingDrafter([ScriptedDrafter(reference, 2, num_correct=1)], layer_ids=[1], final_norm=False)
+    out = speculative_generate(zoo.target("llama"), prompt_ids("one_token"), drafter)
+    assert_same_tokens(out, reference)
+    assert drafter.features[0, 0].shape == (48,)
+    torch.testing.assert_close(drafter.features[0, 0], expected_features(zoo.target("llama"), out, [1], False)[0])
 
 
-def test_feature_points_are_checked(zoo):
+def test_layer_ids_outside_the_target_fail(zoo):
     with pytest.raises(ValueError, match=r"Feature layer ids \[2\] are outside this target's decoder layers 0..1"):
-        TargetFeatures(zoo.target("llama"), [0, 2])
-    with pytest.raises(ValueError, match="would record nothing"):
-        TargetFeatures(zoo.target("llama"))
+        FeatureCapture(zoo.target("llama"), TargetNeeds(layer_ids=(0, 2)))
 
 
-def test_get_candidates_refuses(zoo):
-    drafter = RecordingDrafter(hs.PromptLookupDrafter(), [0], False)
-    with pytest.raises(RuntimeError, match="only hf_speculators.generate records"):
-        drafter.get_candidates(prompt_ids("random"))
-
-
-def test_forwards_without_a_commit_in_between_are_resolved_in_order(zoo):
-    """A step without a draft calls no propose: its rows must still be committed at the next call, in order."""
-    from transformers import DynamicCache
-
-    from hf_speculators.forward import forward_logits
-
-    target, features = zoo.target("llama"), TargetFeatures(zoo.target("llama"), [1])
-    sequence, cache = prompt_ids("random"), DynamicCache(config=zoo.target("llama").config)
-    with torch.no_grad():
-        for fed, tree, num_prefix in [(sequence[:, :5], TokenTree.chain(0), 5),  # a prefill of 5 tokens
-                                      (sequence[:, 5:6], TokenTree.chain(0), 6),  # a step without a draft
-                                      (sequence[:, 6:8], TokenTree.chain(1), 7)]:  # one pending token, one node
-            features.record(lambda: forward_logits(target, cache, fed, tree, num_prefix, 1), fed, tree, num_prefix)
-        position, rows = features.commit(sequence)  # the draft node (sequence[7]) was accepted
-        expected = _expected_rows(target, sequence, [1], False)
-    assert position == 0 and rows.shape == (8, 48)
-    torch.testing.assert_close(rows, expected, atol=1e-5, rtol=1e-5)
-    assert features.commit(sequence) == (7, None)
+def test_a_drafter_that_reads_nothing_is_not_observed(zoo):
+    """Without `target_needs`, no hooks run and `observe` is never called."""
+    reference = zoo.reference("llama", "random")
+    drafter = ScriptedDrafter(reference, 3, num_correct=1)
+    drafter.observe = lambda state, feedback: pytest.fail("observed without target_needs")
+    assert_same_tokens(speculative_generate(zoo.target("llama"), prompt_ids("random"), drafter), reference)

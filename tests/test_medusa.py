@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 from speculative_helpers import (
     assert_cache_matches_sequence,
     assert_same_tokens,
+    plain_generate,
     prompt_ids,
     recording_forward_lengths,
     speculative_generate,
@@ -91,10 +92,10 @@ def recorded(drafter: MedusaDrafter) -> list:
     """Makes `drafter` keep `(committed length, draft)` of every step; returns that list."""
     steps, propose = [], drafter.propose
 
-    def recording(input_ids, max_tokens):
-        draft = propose(input_ids, max_tokens)
-        steps.append((input_ids.shape[1], draft))
-        return draft
+    def recording(state, input_ids, max_tokens, rows):
+        drafts = propose(state, input_ids, max_tokens, rows)
+        steps.extend((ids.shape[1], draft) for ids, draft in zip(input_ids, drafts))
+        return drafts
 
     drafter.propose = recording
     return steps
@@ -219,6 +220,19 @@ def test_sampled_chain_returns_the_processed_distributions(zoo, medusa):
         assert draft.draft_probs is not None and draft.draft_probs.shape == (draft.num_nodes, 96)
         assert ((draft.draft_probs > 0).sum(-1) <= 5).all()  # top-k applied to the draft's scores too
         assert (draft.draft_probs[torch.arange(draft.num_nodes), draft.token_ids] > 0).all()
+
+
+def test_heads_of_another_dtype_are_copied_never_changed(zoo, medusa):
+    """Heads the user passed stay as they are: the drafter runs a converted copy on a float64 target."""
+    import copy
+
+    target = copy.deepcopy(zoo.target("llama")).double()
+    heads = medusa.heads("llama", False)
+    drafter = MedusaDrafter(heads, num_draft_tokens=3, tree="medusa")
+    output = speculative_generate(target, prompt_ids("random"), drafter)
+    assert_same_tokens(output, plain_generate(target, prompt_ids("random")))
+    assert {parameter.dtype for parameter in heads.parameters()} == {torch.float32}
+    assert [next(converted.parameters()).dtype for converted in drafter._converted.values()] == [torch.float64]
 
 
 # ---------------------------------------------------------------- formats

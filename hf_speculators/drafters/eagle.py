@@ -1,34 +1,113 @@
-"""Drafting with an EAGLE head (EAGLE-3, EAGLE-1/2) from the target's own hidden states, as a chain or a tree."""
+"""Drafting with an EAGLE head (EAGLE-3, EAGLE-1/2) from the target's own hidden states, as chains or trees."""
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
-from ..cache import RaggedCache, truncate
+from ..cache import RaggedCache, rollback
 from ..heads.eagle import check_head_fits
 from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
-from ..tree import TokenTree
 from ..types import Draft
 from ..vocab import widen_logits
-from .feature import FeatureDrafter
-from .tree import DynamicTree, StaticTree, grow_tree, tree_shape
+from .base import DraftState, StepFeedback, TargetNeeds
+from .head import HeadDrafter
+from .tree import DynamicTree, StaticTree, grow_trees, tree_shape
 
 
-class EagleDrafter(FeatureDrafter):
+@dataclass
+class EagleState(DraftState):
+    """An `EagleDrafter`'s call: the head on the target's device and dtype, the head's cache of committed pairs
+    (one row per running row of the call) and each row's features observed but not fed to the head yet."""
+
+    head: nn.Module = None
+    embeddings: nn.Module = None  # the head's own token embeddings, else the target's
+    target_head: nn.Module = None  # the target's LM head (EAGLE-1/2 heads score through it)
+    draft_to_target: torch.LongTensor | None = None  # draft id -> target id, for a reduced draft vocabulary
+    head_cache: RaggedCache | None = None
+    pending: dict = field(default_factory=dict)  # row -> list of features `(n, width)` not fed yet
+
+
+def _causal_mask(num_cached: int, width: int, dtype: torch.dtype) -> torch.FloatTensor:
+    """The additive mask `(1, 1, width, num_cached + width)` of `width` new tokens after `num_cached` cached ones of
+    one row without holes: each sees the cached tokens, the new ones before it and itself."""
+    mask = torch.full((width, num_cached + width), torch.finfo(dtype).min, dtype=dtype)
+    return mask.triu_(num_cached + 1)[None, None]
+
+
+class _DraftSlots:
+    """The draft nodes fed to the head during one `propose`, after the committed pairs of its `RaggedCache`.
+
+    They stay out of the ragged cache's bookkeeping (a tree node is seen by its own descendants only, not by every
+    later slot) and are dropped from the head's cache when drafting ends (`drop`).
+
+    Args:
+        cache (`RaggedCache`): the head's cache, holding each row's committed pairs.
+        one_row (`bool`): whether the cache has one row and no holes: a chain's nodes then need no mask.
+    """
+
+    def __init__(self, cache: RaggedCache, one_row: bool):
+        self.cache, self.one_row = cache, one_row
+        self.num_fed = 0
+        self._positions = cache.lengths[:, None]  # [batch, 1] the position of a child of the last committed token
+        self._valid: list[torch.BoolTensor] = []  # per forward: which of its slots hold a node
+        self._visible: torch.BoolTensor | None = None  # which fed slots each fed slot sees (trees)
+
+    def inputs(self, valid: torch.BoolTensor, depth: int, dtype: torch.dtype,
+               sees: torch.BoolTensor | None = None) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """The `position_ids` `(batch_size, width)` and attention mask of a head forward over `width` new nodes per
+        row, all at tree depth `depth`; afterwards they count as fed.
+
+        Args:
+            valid (`torch.BoolTensor` of shape `(batch_size, width)`, or nested lists of bools): which new slots
+                hold a node.
+            depth (`int`): the new nodes' depth (0: children of the last committed token).
+            dtype (`torch.dtype`): the head's dtype.
+            sees (`torch.BoolTensor` of shape `(batch_size, width, num_fed)`, *optional*): which fed slots each new
+                node attends to (its ancestors); `None` for chains: every fed slot of its row.
+
+        Returns:
+            `(position_ids, mask)`: the mask is `(batch_size, 1, width, num_slots + num_fed + width)` additive, or
+            `None` when a single query slot sees every slot (one row of chains).
+        """
+        num_fed, width = self.num_fed, len(valid[0])
+        self.num_fed += width
+        self._valid.append(valid)
+        position_ids = (self._positions + depth).expand(-1, width)
+        if sees is None and width == 1 and self.one_row:
+            return position_ids, None
+        if sees is not None:
+            visible = torch.zeros(valid.shape[0], num_fed + width, num_fed + width, dtype=torch.bool)
+            if self._visible is not None:
+                visible[:, :num_fed, :num_fed] = self._visible
+            visible[:, num_fed:, :num_fed] = sees
+            self._visible = visible
+        # the fed slots as one query: each sees what `visible` says
+        fed_valid = torch.cat([torch.as_tensor(part, dtype=torch.bool) for part in self._valid], dim=1)
+        return position_ids, self.cache.additive_mask(fed_valid, dtype, self._visible)[:, :, num_fed:]
+
+    def drop(self) -> None:
+        """Drops every fed node from the head's cache: it holds the committed pairs again."""
+        rollback(self.cache.cache, self.num_fed)
+
+
+class EagleDrafter(HeadDrafter):
     """Drafts with an EAGLE head on the target's hidden states (EAGLE-1/2, Li et al. 2024; EAGLE-3, Li et al. 2025).
 
     At a step whose committed length is n, the target's cache holds n - 1 tokens and its newest feature is f_{n-2}
-    (recorded inside the target's own forwards, see `FeatureDrafter`). The head's own KV cache holds the pairs
-    (f_t, x_{t+1}) at position t for committed t; each call rolls it back to the committed pairs and feeds the
-    new ones, whose last output drafts x_n. A chain then feeds each draft token back with the head's output
-    (pre-norm, or post-norm with `norm_output`), one head forward per token. A tree (`StaticTree` or
+    (the loop captures the features of every token its cache keeps, `target_needs`, and hands them over through
+    `observe`). The head's own KV cache holds the pairs (f_t, x_{t+1}) at position t for committed t: each step
+    feeds the new pairs, whose last output drafts x_n. A chain then feeds each draft token back with the head's
+    output (pre-norm, or post-norm with `norm_output`), one head forward per token. A tree (`StaticTree` or
     `DynamicTree`, as `TreeDrafter` takes it) feeds each depth's frontier in one forward, each node attending to
-    the committed pairs and its own ancestors.
+    the committed pairs and its own ancestors. Draft nodes are dropped from the head's cache after each step.
 
-    For a batch (`propose_batch`, chains only) the head keeps one cache row per sequence (`RaggedCache`): each row
-    is rolled back to its own committed pairs, and one head forward per draft position serves every row.
+    Every row of a batch drafts at once: the head's cache keeps one row per running row (`RaggedCache`), and each
+    head forward (the new pairs, each chain position, each tree depth) serves every row; rows may draft trees of
+    different shapes.
 
     A reduced draft vocabulary maps back with `target_id = draft_id + d2t[draft_id]`; the draft's scores are
     laid out in the target's vocabulary with the lowest score elsewhere, then go through the call's logits
@@ -40,8 +119,9 @@ class EagleDrafter(FeatureDrafter):
     `DecoderLayers` takes (Llama, Mistral, Qwen2, Qwen3, GPT-NeoX, GPT-2).
 
     Args:
-        head (`Eagle3Head` or `EagleHead`): the draft head (see `hf_speculators.heads.eagle`); moved to the target's
-            device and dtype when drafting starts.
+        head (`Eagle3Head` or `EagleHead`): the draft head (see `hf_speculators.heads.eagle`). It runs on the
+            target's device in its dtype: a head elsewhere is never changed; the drafter keeps a converted copy
+            per (device, dtype) (see `HeadDrafter`). A head loaded by `from_pretrained` is moved in place.
         num_draft_tokens (`int`, defaults to 5): draft tokens per step of a chain (k); ignored with `tree`.
         tree (`StaticTree`, `DynamicTree`, a list of paths or a mapping, *optional*): draft a token tree of this
             shape (see `tree_shape`) instead of a chain; its depth is the number of draft tokens.
@@ -61,19 +141,27 @@ class EagleDrafter(FeatureDrafter):
     """
 
     name = "eagle"
+    state_class = EagleState
 
     def __init__(self, head, num_draft_tokens: int = 5,
                  tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
         self.tree = None if tree is None else tree_shape(tree)
-        super().__init__(num_draft_tokens if self.tree is None else self.tree.depth)
-        self.head = head
-        self._cache = self._target_head = self._embeddings = self._draft_to_target = self._vocab_size = None
-        self._batch_cache: RaggedCache | None = None  # the head's cache of a batch, one row per running sequence
+        super().__init__(head, num_draft_tokens if self.tree is None else self.tree.depth)
+
+    @property
+    def head(self) -> nn.Module:
+        """The head module as given (or loaded)."""
+        return self.module
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
                         num_draft_tokens: int = 5, tree=None) -> "EagleDrafter":
-        """An `EagleDrafter` with the head of a checkpoint in any format `detect_eagle_format` knows.
+        """An `EagleDrafter` with the head of a checkpoint in any format `detect_eagle_format` knows; the drafter
+        owns the head (moved in place to each call's target device and dtype).
 
         Args:
             repo_id_or_path (`str`): a local folder or a Hub id (its JSON and weight files are downloaded).
@@ -84,154 +172,143 @@ class EagleDrafter(FeatureDrafter):
             `FileNotFoundError`: a local path that is not a folder, or a folder without weights.
             `ValueError`: files of no known EAGLE format, or a malformed checkpoint (naming the field or tensor).
         """
-        return cls(load_eagle_head(head_folder(repo_id_or_path, revision, token)), num_draft_tokens, tree)
+        drafter = cls(load_eagle_head(head_folder(repo_id_or_path, revision, token)), num_draft_tokens, tree)
+        drafter.owns_module = True
+        return drafter
 
-    def feature_points(self, target) -> tuple[list[int], bool]:
-        return self.head.feature_points(target.config.get_text_config().num_hidden_layers)
+    def target_needs(self, target) -> TargetNeeds:
+        layer_ids, final_norm = self.head.feature_points(target.config.get_text_config().num_hidden_layers)
+        return TargetNeeds(tuple(layer_ids), final_norm)
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
+    def start(self, state: EagleState) -> None:
+        target = state.target
         check_head_fits(self.head, target)
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.head.draft_vocab_size:
             raise ValueError(
                 f"The tree asks for child rank {max(self.tree.ranks)} of a {self.head.draft_vocab_size}-token draft "
                 "vocabulary."
             )
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        self.head.to(device=target.device, dtype=target.dtype).eval()
-        own = self.head.embed_tokens
-        self._embeddings = own if own is not None else target.get_input_embeddings()
-        self._target_head = target.get_output_embeddings()
-        self._vocab_size = self.head.vocab_size
-        d2t = self.head.d2t
-        self._draft_to_target = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
-        self._cache = DynamicCache()
-        self._batch_cache = None
+        state.head = head = self.module_for(target.device, target.dtype)
+        state.embeddings = head.embed_tokens if head.embed_tokens is not None else target.get_input_embeddings()
+        state.target_head = target.get_output_embeddings()
+        d2t = head.d2t
+        state.draft_to_target = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
+        state.head_cache = RaggedCache(DynamicCache(), torch.zeros(state.batch_size, 0, dtype=torch.bool))
 
-    def _forward(self, token_ids, hidden_states, tree: TokenTree, num_prefix: int):
-        """Runs the head over pairs (hidden state, token) after its cache: the last `token_ids.shape[1]` entries of
-        `num_prefix` pairs followed by `tree`'s nodes. Returns the states to feed back `(1, q, H)` and the logits
-        in the target's vocabulary `(q, vocab_size)`."""
-        num_query = token_ids.shape[1]
-        position_ids = tree.position_ids(num_prefix, num_query)
-        one_query = tree.is_chain and num_query == 1
-        mask = None if one_query else tree.attention_mask(num_prefix, num_query, self.head.fc.weight.dtype)
-        feedback, logits = self.head(self._embeddings(token_ids), hidden_states, position_ids, self._cache, mask,
-                                     self._target_head)
-        return feedback, self._target_width(logits[0])
+    def observe(self, state: EagleState, feedback: StepFeedback) -> None:
+        """Keeps each row's features of its newly kept tokens until the next `propose` feeds them to the head."""
+        for row, features in zip(feedback.rows, feedback.features):
+            state.pending.setdefault(row, []).append(features)
 
-    def _target_width(self, logits: torch.FloatTensor) -> torch.FloatTensor:
-        """Draft-vocabulary logits `(q, draft_vocab)` laid out in the target's vocabulary, lowest elsewhere."""
-        if self._draft_to_target is None:
-            return logits
-        return widen_logits(logits, self._draft_to_target, self._vocab_size)
-
-    @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        # 1. the features of the tokens committed since the last call: rows for positions position .. n - 2
-        position, rows = self.committed_features(input_ids)
-        if rows is None:  # a one-token prompt: no feature yet
-            return Draft.empty(input_ids.device)
-        # 2. roll the head's cache back to the committed pairs (f_t, x_{t+1}), t < position; feed the new ones
-        truncate(self._cache, position)
-        num_pairs = input_ids.shape[1] - 1
-        hidden = self.head.combine(rows.to(self.head.fc.weight.dtype))[None]
-        no_nodes = TokenTree.chain(0, input_ids.device)
-        feedback, logits = self._forward(input_ids[:, position + 1 :], hidden, no_nodes, num_pairs)
-        if self.tree is None:
-            return self._chain(input_ids, feedback[:, -1:], logits[-1:], num_pairs, max_tokens)
-        return self._tree(input_ids, feedback[:, -1:], logits[-1:], num_pairs, max_tokens)
-
-    def _chain(self, input_ids, feedback, logits, num_pairs: int, max_tokens: int) -> Draft:
-        """A chain of `max_tokens` draft tokens, each fed back with the head's output for the next one."""
-        prefix, tokens, probs = input_ids, [], []
-        for step in range(max_tokens):
-            token, token_probs = self._draft_token(prefix, logits)
-            tokens.append(token)
-            probs.append(token_probs)
-            if step + 1 == max_tokens:
-                break
-            prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
-            no_nodes = TokenTree.chain(0, input_ids.device)
-            feedback, logits = self._forward(token.view(1, 1), feedback, no_nodes, num_pairs + step + 1)
-        return Draft.chain(torch.stack(tokens), torch.stack(probs) if self.do_sample else None)
-
-    def _tree(self, input_ids, feedback, logits, num_pairs: int, max_tokens: int) -> Draft:
-        """A token tree of `self.tree`'s shape; each node is fed with its parent's output state."""
-        fed_back = {-1: feedback}  # node -> the head's output state after it, (1, 1, H)
-
-        def forward(nodes, frontier: list[int], fed_tree: TokenTree) -> torch.FloatTensor:
-            token_ids = torch.tensor([[nodes.token_ids[node] for node in frontier]], device=input_ids.device)
-            hidden = torch.cat([fed_back[nodes.parent_ids[node]] for node in frontier], dim=1)
-            outputs, frontier_logits = self._forward(token_ids, hidden, fed_tree, num_pairs)
-            fed_back.update({node: outputs[:, i : i + 1] for i, node in enumerate(frontier)})
-            return frontier_logits
-
-        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits, max_tokens, forward)
-        truncate(self._cache, num_pairs)  # the nodes' keys and values are dropped; the committed pairs stay
-        return nodes.draft(self.tree.select(nodes), input_ids.device)
-
-    @torch.no_grad()
-    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
-        """As `propose` for each row (a chain), with one batched head forward per draft position (see the class)."""
-        # 1. each row's features of its newly committed tokens; rows without any (a one-token prompt) draft nothing
-        committed = self.committed_features_batch(input_ids, rows)
-        num_new = torch.tensor([0 if features is None else len(features) for _, features in committed])
-        budgets = [budget if count else 0 for budget, count in zip(max_tokens, num_new.tolist())]
-        if max(budgets) == 0:
-            return [Draft.empty(ids.device) for ids in input_ids]
-        # 2. roll each row of the head's cache back to its committed pairs; feed the new pairs in one forward
-        cache = self._head_cache(rows)
-        cache.truncate(torch.tensor([position for position, _ in committed]))
-        some = next(features for _, features in committed if features is not None and len(features))
-        features = torch.nn.utils.rnn.pad_sequence(  # [batch, max new, width]
-            [some[:0] if features is None else features for _, features in committed], batch_first=True)
-        token_ids = torch.nn.utils.rnn.pad_sequence(
-            [ids[0, position + 1 :] for ids, (position, _) in zip(input_ids, committed)], batch_first=True)
-        new_valid = torch.arange(features.shape[1]) < num_new[:, None]
-        feedback, logits = self._forward_batch(token_ids, self.head.combine(features.to(self.head.fc.weight.dtype)),
-                                               new_valid)
-        last = (num_new - 1).clamp_min(0).to(logits.device)
-        batch = torch.arange(len(rows), device=logits.device)
-        return self._chain_batch(input_ids, feedback[batch, last][:, None], logits[batch, last], budgets)
-
-    def _head_cache(self, rows: list[int]) -> RaggedCache:
-        """The head's cache of a batch, for the rows `rows` (rows that finished are dropped)."""
-        if self._batch_cache is None:
-            self._batch_cache = RaggedCache(DynamicCache(), torch.zeros(len(rows), 0, dtype=torch.bool), rows=rows)
-        self._batch_cache.keep_rows(rows)
-        return self._batch_cache
-
-    def _forward_batch(self, token_ids, hidden_states, new_valid: torch.BoolTensor):
-        """Runs the head over one pair per slot `(batch, q)` after the batch's cache, the slots `new_valid` marks
-        holding a pair; returns the states to feed back `(batch, q, H)` and the logits `(batch, q, vocab_size)`."""
+    def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask):
+        """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache; returns the
+        states to feed back `(batch_size, q, H)` and the logits in the target's vocabulary `(batch_size, q,
+        vocab_size)`."""
         device = token_ids.device
-        _, position_ids = self._batch_cache.inputs(new_valid)
-        mask = self._batch_cache.additive_mask(new_valid, self.head.fc.weight.dtype).to(device)
-        feedback, logits = self.head(self._embeddings(token_ids), hidden_states, position_ids.to(device),
-                                     self._batch_cache.cache, mask, self._target_head)
-        self._batch_cache.append(new_valid)
-        return feedback, self._target_width(logits)
+        feedback, logits = state.head(state.embeddings(token_ids), hidden_states, position_ids.to(device),
+                                      state.head_cache.cache, None if mask is None else mask.to(device),
+                                      state.target_head)
+        if state.draft_to_target is not None:
+            logits = widen_logits(logits, state.draft_to_target, self.head.vocab_size)
+        return feedback, logits
 
-    def _chain_batch(self, input_ids, feedback, logits, budgets: list[int]) -> list[Draft]:
-        """Each row's chain of `budgets[i]` draft tokens from its first logits `(batch, vocab)` and states
-        `(batch, 1, H)`; rows whose chain is complete ride along as holes."""
-        prefixes, tokens, probs = list(input_ids), [[] for _ in budgets], [[] for _ in budgets]
-        for step in range(max(budgets)):
-            drafting = [i for i, budget in enumerate(budgets) if budget > step]
-            step_tokens, step_probs = self._draft_tokens([prefixes[i] for i in drafting], logits[drafting])
-            for j, i in enumerate(drafting):
-                tokens[i].append(step_tokens[j])
-                probs[i].append(None if step_probs is None else step_probs[j])
-                prefixes[i] = torch.cat([prefixes[i], step_tokens[j].view(1, 1)], dim=-1)
-            if step + 1 == max(budgets):
-                break
-            fed = torch.zeros(len(budgets), 1, dtype=torch.long, device=logits.device)
-            fed[drafting, 0] = step_tokens
-            feedback, logits = self._forward_batch(fed, feedback, torch.tensor(budgets)[:, None] > step + 1)
-            logits = logits[:, 0]
-        return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if self.do_sample else None)
-                if row_tokens else Draft.empty(ids.device)
-                for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+    @torch.no_grad()
+    def propose(self, state: EagleState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
+                rows: Sequence[int]) -> list[Draft]:
+        # 1. each row's features since its last draft: the pairs (f_t, x_{t+1}) up to t = n - 2 (rows that finished
+        # leave the head's cache); a row with none yet (a one-token prompt's first step) drafts nothing
+        cache = state.head_cache
+        cache.keep_rows(list(rows))
+        pending = [state.pending.pop(row, None) for row in rows]
+        state.pending.clear()
+        features = [None if parts is None else torch.cat(parts) if len(parts) > 1 else parts[0] for parts in pending]
+        num_new = [0 if rows_features is None else len(rows_features) for rows_features in features]
+        if not any(num_new):
+            return [Draft.empty(ids.device) for ids in input_ids]
+        budgets = [budget if count else 0 for budget, count in zip(max_tokens, num_new)]
+        # 2. feed every row's new pairs in one forward; they join the committed pairs of the head's cache
+        some = next(rows_features for rows_features in features if rows_features is not None)
+        features = torch.nn.utils.rnn.pad_sequence(  # [batch, most new, width]
+            [some[:0] if rows_features is None else rows_features for rows_features in features], batch_first=True)
+        token_ids = torch.nn.utils.rnn.pad_sequence(
+            [ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)], batch_first=True)
+        width, dtype = features.shape[1], state.head.fc.weight.dtype
+        valid = torch.ones(len(num_new), width, dtype=torch.bool)  # each row's new pairs first, then holes
+        for i, count in enumerate(num_new):
+            if count < width:
+                valid[i, count:] = False
+        # a call of one row never leaves a hole in the head's cache: a causal mask (none for one query) serves
+        one_row = state.batch_size == 1
+        if one_row:
+            mask = None if width == 1 else _causal_mask(cache.num_slots, width, dtype)
+        else:
+            mask = cache.additive_mask(valid, dtype)
+        position_ids = cache.lengths[:, None] + torch.arange(width)
+        feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask)
+        cache.append(valid)
+        if min(num_new) == width:  # every row's last pair is the last slot
+            feedback, logits = feedback[:, -1], logits[:, -1]  # [batch, H], [batch, vocab]
+        else:
+            last = torch.tensor(num_new, device=logits.device).clamp_min(1) - 1
+            batch = torch.arange(len(num_new), device=logits.device)
+            feedback, logits = feedback[batch, last], logits[batch, last]
+        # 3. draft from each row's last pair; the draft nodes leave the head's cache afterwards
+        slots = _DraftSlots(cache, one_row)
+        if self.tree is None:
+            drafts = self._chains(state, slots, input_ids, feedback, logits, budgets)
+        else:
+            drafts = self._trees(state, slots, input_ids, feedback, logits, budgets)
+        slots.drop()
+        return drafts
+
+    def _chains(self, state: EagleState, slots: _DraftSlots, input_ids, feedback, logits, budgets) -> list[Draft]:
+        """Each row's chain of `budgets[i]` tokens, each fed back with the head's output state for the next one."""
+        fed_back = feedback[:, None]  # [batch, 1, H]
+
+        def next_logits(step: int, tokens: torch.LongTensor, feeding: list[bool]) -> torch.FloatTensor:
+            nonlocal fed_back
+            position_ids, mask = slots.inputs([[row] for row in feeding], step, fed_back.dtype)
+            fed_back, step_logits = self._run(state, tokens[:, None], fed_back, position_ids, mask)
+            return step_logits[:, 0]
+
+        return self.draft_chains(state, input_ids, logits, budgets, next_logits)
+
+    def _trees(self, state: EagleState, slots: _DraftSlots, input_ids, feedback, logits, budgets) -> list[Draft]:
+        """Each row's token tree of `self.tree`'s shape, one head forward per depth for every row; each node is fed
+        with its parent's output state."""
+        device, num_rows = logits.device, len(budgets)
+        fed_back = [{-1: row_feedback} for row_feedback in feedback]  # per row: node -> output state after it, (H,)
+        fed_slots = [[] for _ in range(num_rows)]  # per row: the fed slot of each fed node, in the order fed
+        depth = 0  # of the nodes fed next
+
+        def forward(feeds: list) -> list:
+            nonlocal depth
+            width, num_fed = max(len(feed[1]) for feed in feeds if feed is not None), slots.num_fed
+            token_ids = torch.zeros(num_rows, width, dtype=torch.long, device=device)
+            hidden = feedback.new_zeros(num_rows, width, feedback.shape[-1])
+            valid = torch.zeros(num_rows, width, dtype=torch.bool)
+            sees = torch.zeros(num_rows, width, num_fed, dtype=torch.bool)
+            for i, feed in enumerate(feeds):
+                if feed is None:
+                    continue
+                nodes, frontier, fed_tree = feed
+                count = len(frontier)
+                token_ids[i, :count] = torch.tensor([nodes.token_ids[node] for node in frontier])
+                hidden[i, :count] = torch.stack([fed_back[i][nodes.parent_ids[node]] for node in frontier])
+                valid[i, :count] = True
+                if fed_slots[i]:  # the frontier is the fed tree's last nodes; its ancestors were fed before
+                    sees[i, :count, fed_slots[i]] = fed_tree.ancestors[-count:, :-count].cpu()
+                fed_slots[i] += range(num_fed, num_fed + count)
+            position_ids, mask = slots.inputs(valid, depth, hidden.dtype, sees)
+            depth += 1
+            outputs, node_logits = self._run(state, token_ids, hidden, position_ids, mask)
+            for i, feed in enumerate(feeds):
+                if feed is not None:
+                    fed_back[i].update({node: outputs[i, j] for j, node in enumerate(feed[1])})
+            return [None if feed is None else node_logits[i, : len(feed[1])] for i, feed in enumerate(feeds)]
+
+        nodes = grow_trees(self.tree, input_ids, state.logits_processor, logits, budgets, forward)
+        return [row_nodes.draft(self.tree.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
 
     def __repr__(self) -> str:
         shape = f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"

@@ -2,16 +2,19 @@
 each head's top-k along Medusa tree choices."""
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from ..heads.files import head_folder
 from ..heads.medusa import MedusaHeads
 from ..heads.medusa_formats import read_medusa_heads
 from ..types import Draft
+from .base import DraftState, StepFeedback, TargetNeeds
 from .draft_model import vocabulary_size
-from .feature import FeatureDrafter
-from .tree import DynamicTree, StaticTree, grow_tree, tree_shape
+from .head import HeadDrafter
+from .tree import DynamicTree, StaticTree, grow_trees, tree_shape
 
 # Medusa's default tree, `mc_sim_7b_63` in FasterDecoding/Medusa `medusa/model/medusa_choices.py` (@e2a5d20):
 # 63 paths of child ranks, depth <= 4, found by simulating acceptance with Vicuna-7B's heads (Cai et al. 2024,
@@ -49,13 +52,23 @@ def medusa_tree(tree, num_heads: int) -> StaticTree | DynamicTree:
     return shape
 
 
-class MedusaDrafter(FeatureDrafter):
-    """Drafts with Medusa heads (Cai et al. 2024) on the target's last hidden state, recorded in its own forwards.
+@dataclass
+class MedusaState(DraftState):
+    """A `MedusaDrafter`'s call: the heads on the target's device and dtype, the target's LM head for heads without
+    their own, and each row's newest feature (the final norm's output at its newest kept position)."""
+
+    heads: nn.Module = None
+    lm_head: nn.Module | None = None
+    newest: dict = field(default_factory=dict)  # row -> `(hidden_size,)`
+
+
+class MedusaDrafter(HeadDrafter):
+    """Drafts with Medusa heads (Cai et al. 2024) on the target's last hidden state, captured in its own forwards.
 
     At a step whose committed length is n, the newest target feature is the final norm's output at position n - 2
     (the last committed token x_{n-1} is pending, the draft's root); head d (0-based) drafts x_{n+d} from it. The
-    heads do not depend on the drafted tokens, so a step costs one pass of the heads over one hidden state and no
-    draft forward per token.
+    heads do not depend on the drafted tokens, so a step costs one pass of the heads over every row's newest hidden
+    state and no draft forward per token.
 
     - chain (`tree=None`): head d's most likely token after the call's logits processors and warpers, or under
       sampling a token drawn from that processed distribution, returned as `draft_probs` so that rejection sampling
@@ -64,13 +77,17 @@ class MedusaDrafter(FeatureDrafter):
       `mc_sim_7b_63`, 63 nodes of depth <= 4) or a `DynamicTree` (EAGLE-2's expansion, scored by the heads'
       probabilities); the children of every node at depth d are head d's top tokens. The draft is deterministic
       (`draft_probs=None`): rejection verification treats each node as one-hot, which is lossless.
-    - a batch (`propose_batch`): chains only, the heads run once over every row's newest feature.
+
+    Every row of a batch drafts at once (chains or trees, from one pass of the heads).
 
     Medusa itself verifies with typical acceptance (`verifier="typical"`, `TypicalVerifier(epsilon=0.09,
     delta=0.3)`: its `posterior_threshold` and `posterior_alpha`), which is not lossless.
 
     Args:
         heads (`MedusaHeads`): the heads, for the target's hidden size (and vocabulary, with their own LM heads).
+            They run on the target's device in its dtype: heads elsewhere are never changed; the drafter keeps a
+            converted copy per (device, dtype) (see `HeadDrafter`). Heads loaded by `from_pretrained` are moved in
+            place.
         num_draft_tokens (`int`, *optional*): draft tokens per step, at most the number of heads (a tree's depth at
             most); defaults to the number of heads (a tree's depth).
         tree (`str`, `StaticTree`, `DynamicTree`, list of paths or mapping, *optional*): `None` for a chain; else the
@@ -78,7 +95,7 @@ class MedusaDrafter(FeatureDrafter):
 
     Raises:
         `ValueError`: at construction, for `num_draft_tokens` or a tree deeper than the heads; at the start of
-            generation (`prepare`), for heads whose `hidden_size` or `vocab_size` differ from the target's.
+            generation, for heads whose `hidden_size` or `vocab_size` differ from the target's.
 
     Example:
 
@@ -89,6 +106,7 @@ class MedusaDrafter(FeatureDrafter):
     """
 
     name = "medusa"
+    state_class = MedusaState
 
     def __init__(self, heads: MedusaHeads, num_draft_tokens: int | None = None,
                  tree: "str | StaticTree | DynamicTree | Sequence | Mapping | None" = None):
@@ -97,19 +115,27 @@ class MedusaDrafter(FeatureDrafter):
                              f"{type(heads).__name__}.")
         self.tree = None if tree is None else medusa_tree(tree, heads.num_heads)
         depth = heads.num_heads if self.tree is None else self.tree.depth
-        super().__init__(depth if num_draft_tokens is None else num_draft_tokens)
+        super().__init__(heads, depth if num_draft_tokens is None else num_draft_tokens)
         if self.num_draft_tokens > depth:
             raise ValueError(f"num_draft_tokens={num_draft_tokens} is more than the {depth} tokens these Medusa heads "
                              f"draft ({'their number' if self.tree is None else 'the tree depth'}).")
-        self.heads = heads
-        self._lm_head = None
+
+    @property
+    def heads(self) -> MedusaHeads:
+        """The heads as given (or loaded)."""
+        return self.module
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
 
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
                         num_draft_tokens: int | None = None, tree=None) -> "MedusaDrafter":
         """A drafter with the Medusa heads of a checkpoint (Medusa v0.1 or version 2, detected from its files; see
         `hf_speculators.heads.medusa_formats`): a local folder, a demo id (`"hf_speculators/demo-medusa"`) or a
-        Hub repo (its JSON and weight files only; never code).
+        Hub repo (its JSON and weight files only; never code). The drafter owns the heads (moved in place to each
+        call's target device and dtype).
 
         Raises:
             `ValueError`: not a Medusa checkpoint (no config.json with `medusa_num_heads` and `medusa_lm_head`
@@ -117,14 +143,16 @@ class MedusaDrafter(FeatureDrafter):
             `FileNotFoundError`: a local path that is not a folder.
         """
         heads = read_medusa_heads(head_folder(repo_id_or_path, revision=revision, token=token))
-        return cls(heads, num_draft_tokens=num_draft_tokens, tree=tree)
+        drafter = cls(heads, num_draft_tokens=num_draft_tokens, tree=tree)
+        drafter.owns_module = True
+        return drafter
 
-    def feature_points(self, target) -> tuple[list[int], bool]:
-        return [], True
+    def target_needs(self, target) -> TargetNeeds:
+        return TargetNeeds(final_norm=True)
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
-        lm_head = target.get_output_embeddings()
-        vocab_size, hidden_size = vocabulary_size(target), lm_head.weight.shape[1]
+    def start(self, state: MedusaState) -> None:
+        lm_head = state.target.get_output_embeddings()
+        vocab_size, hidden_size = vocabulary_size(state.target), lm_head.weight.shape[1]
         if self.heads.hidden_size != hidden_size:
             raise ValueError(f"The Medusa heads have hidden_size {self.heads.hidden_size} but the target's hidden "
                              f"size is {hidden_size}: they were trained for another model.")
@@ -133,53 +161,49 @@ class MedusaDrafter(FeatureDrafter):
                              f"has {vocab_size} tokens: they were trained for another model.")
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= vocab_size:
             raise ValueError(f"The tree asks for child rank {max(self.tree.ranks)} of a {vocab_size}-token vocabulary.")
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        self.heads.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-        self._lm_head = None if self.heads.has_lm_heads else lm_head
+        state.heads = self.module_for(lm_head.weight.device, lm_head.weight.dtype)
+        state.lm_head = None if self.heads.has_lm_heads else lm_head
+
+    def observe(self, state: MedusaState, feedback: StepFeedback) -> None:
+        """Keeps each row's newest feature: the heads read nothing older."""
+        for row, features in zip(feedback.rows, feedback.features):
+            if len(features):  # a one-token prompt keeps nothing in a batch's prefill
+                state.newest[row] = features[-1]
 
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        _, rows = self.committed_features(input_ids)
-        if rows is None:  # a one-token prompt: no feature before the pending token yet
-            return Draft.empty(input_ids.device)
-        num_depths = min(self.num_draft_tokens, max_tokens)
-        # head d's logits for x_{n+d}, all from the newest feature (position n - 2)
-        logits = self.heads(rows[-1:], self._lm_head, num_depths)[:, 0].to(input_ids.device)  # [num_depths, vocab]
-        return self._chain(input_ids, logits) if self.tree is None else self._tree(input_ids, logits)
-
-    @torch.no_grad()
-    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
-        """As `propose` for each row (a chain), the heads run once over every row's newest feature."""
-        committed = self.committed_features_batch(input_ids, rows)
+    def propose(self, state: MedusaState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
+                rows: Sequence[int]) -> list[Draft]:
         drafts = [Draft.empty(ids.device) for ids in input_ids]
-        ready = [i for i, (_, features) in enumerate(committed)
-                 if features is not None and len(features) and max_tokens[i] > 0]
+        if len(state.newest) > len(rows):  # rows that finished
+            state.newest = {row: state.newest[row] for row in rows if row in state.newest}
+        # rows with a feature (a one-token prompt has none at its first step) and room for a draft
+        ready = [i for i, (row, budget) in enumerate(zip(rows, max_tokens)) if row in state.newest and budget > 0]
         if not ready:
             return drafts
-        num_depths = min(self.num_draft_tokens, max(max_tokens[i] for i in ready))
-        newest = torch.stack([committed[i][1][-1] for i in ready])  # [num_ready, width]
-        logits = self.heads(newest, self._lm_head, num_depths)  # [num_depths, num_ready, vocab]
-        for j, i in enumerate(ready):
-            drafts[i] = self._chain(input_ids[i], logits[: max_tokens[i], j].to(input_ids[i].device))
+        budgets = [min(self.num_draft_tokens, max_tokens[i]) for i in ready]
+        # head d's logits for x_{n+d} of every ready row, all from its newest feature (position n - 2)
+        newest = torch.stack([state.newest[rows[i]] for i in ready])  # [num_ready, hidden_size]
+        logits = state.heads(newest, state.lm_head, max(budgets)).to(input_ids[0].device)  # [depths, ready, vocab]
+        ready_ids = [input_ids[i] for i in ready]
+        if self.tree is None:
+            ready_drafts = self.draft_chains(state, ready_ids, logits[0], budgets, lambda step, *_: logits[step + 1])
+        else:
+            ready_drafts = self._trees(state, ready_ids, logits, budgets)
+        for i, draft in zip(ready, ready_drafts):
+            drafts[i] = draft
         return drafts
 
-    def _chain(self, input_ids: torch.LongTensor, logits: torch.FloatTensor) -> Draft:
-        """Each head's token continuing the committed tokens and the draft tokens before it."""
-        prefix, tokens, probs = input_ids, [], []
-        for head_logits in logits:
-            token, token_probs = self._draft_token(prefix, head_logits[None])
-            tokens.append(token)
-            probs.append(token_probs)
-            prefix = torch.cat([prefix, token.view(1, 1)], dim=-1)
-        return Draft.chain(torch.stack(tokens), torch.stack(probs) if self.do_sample else None)
-
-    def _tree(self, input_ids: torch.LongTensor, logits: torch.FloatTensor) -> Draft:
-        """The tree's nodes, the children at depth d taken from head d's processed scores: the heads read no draft
+    def _trees(self, state: MedusaState, input_ids, logits: torch.FloatTensor, budgets: list[int]) -> list[Draft]:
+        """Each row's tree, the children at depth d taken from head d's processed scores: the heads read no draft
         token, so the "forward" over a frontier gives every node of it the next head's logits."""
         deeper = iter(logits[1:])
-        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits[:1], len(logits),
-                          lambda nodes, frontier, fed_tree: next(deeper).expand(len(frontier), -1))
-        return nodes.draft(self.tree.select(nodes), input_ids.device)
+
+        def forward(feeds: list) -> list:
+            depth_logits = next(deeper)  # [rows, vocab]
+            return [None if feed is None else depth_logits[i].expand(len(feed[1]), -1) for i, feed in enumerate(feeds)]
+
+        nodes = grow_trees(self.tree, input_ids, state.logits_processor, logits[0], budgets, forward)
+        return [row_nodes.draft(self.tree.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
 
     def __repr__(self) -> str:
         return (f"MedusaDrafter(num_heads={self.heads.num_heads}, num_draft_tokens={self.num_draft_tokens}, "

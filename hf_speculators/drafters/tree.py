@@ -156,11 +156,7 @@ def tree_shape(tree) -> "StaticTree | DynamicTree":
 
 def grow_tree(shape: "StaticTree | DynamicTree", input_ids: torch.LongTensor, logits_processor,
               root_logits: torch.FloatTensor, max_tokens: int, forward) -> DraftNodes:
-    """Drafts a token tree depth by depth: the expansion loop of every tree drafter.
-
-    At each depth the frontier's processed draft scores give its children (`shape.expand`); the next frontier is
-    then fed in one draft forward, each node attending to the committed prefix, its fed ancestors and itself
-    (SpecInfer, Miao et al. 2024), so a tree of depth d costs d - 1 forwards after the root's.
+    """Drafts one token tree depth by depth (`grow_trees` for one row).
 
     Args:
         shape (`StaticTree` or `DynamicTree`): the tree's shape.
@@ -175,20 +171,63 @@ def grow_tree(shape: "StaticTree | DynamicTree", input_ids: torch.LongTensor, lo
     Returns:
         `DraftNodes`: every node drafted; `shape.select(nodes)` keeps the draft's.
     """
-    nodes, fed, frontier, logits = DraftNodes(), [], [-1], root_logits
-    num_depths = min(shape.depth, max_tokens)
-    for depth in range(num_depths):
-        # children of the frontier nodes from their processed draft scores
-        scores = process_logits(logits_processor, nodes.prefixes(input_ids, frontier), logits)
-        new = shape.expand(nodes, frontier, torch.log_softmax(scores, dim=-1), depth)
-        frontier = shape.next_frontier(nodes, new)
-        if depth + 1 == num_depths or not frontier:
+    return grow_trees(shape, [input_ids], logits_processor, root_logits, [max_tokens],
+                      lambda feeds: [forward(*feeds[0])])[0]
+
+
+def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
+               root_logits: torch.FloatTensor, max_tokens: Sequence[int], forward) -> list[DraftNodes]:
+    """Drafts one token tree per row, depth by depth and in step: the expansion loop of every tree drafter.
+
+    At each depth every row's frontier gets its children from its processed draft scores (`shape.expand`); the
+    rows' next frontiers are then fed in ONE draft forward, each node attending to its row's committed prefix, its
+    fed ancestors and itself (SpecInfer, Miao et al. 2024), so a tree of depth d costs d - 1 forwards after the
+    root's, for any number of rows.
+
+    Args:
+        shape (`StaticTree` or `DynamicTree`): the trees' shape.
+        input_ids (`Sequence[torch.LongTensor]`): each row's committed tokens, `(1, sequence_length_i)`.
+        logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to each node's row.
+        root_logits (`torch.FloatTensor` of shape `(num_rows, vocab_size)`): each row's draft logits after its
+            committed tokens.
+        max_tokens (`Sequence[int]`): each row's deepest path allowed (0: the row drafts nothing).
+        forward (`Callable[[list[tuple[DraftNodes, list[int], TokenTree] | None]], list[torch.FloatTensor | None]]`):
+            runs the draft over every row's next frontier: entry i is `None` for a row that feeds nothing, else
+            `(nodes, frontier, fed_tree)`, the row's nodes so far, the nodes to feed and the tree of every node fed
+            so far this step (the frontier its last nodes); returns each fed row's logits `(len(frontier),
+            vocab_size)` (anything for the others).
+
+    Returns:
+        `list[DraftNodes]`: every node drafted, per row; `shape.select(nodes)` keeps the draft's.
+    """
+    num_rows = len(input_ids)
+    nodes, fed = [DraftNodes() for _ in range(num_rows)], [[] for _ in range(num_rows)]
+    frontiers, logits = [[-1] for _ in range(num_rows)], list(root_logits.split(1))
+    num_depths = [min(shape.depth, budget) for budget in max_tokens]
+    growing = [row for row in range(num_rows) if num_depths[row] > 0]
+    for depth in range(max(num_depths, default=0)):
+        # children of every growing row's frontier nodes, from their processed draft scores (one pass for all rows)
+        prefixes = (prefix for row in growing for prefix in nodes[row].prefixes(input_ids[row], frontiers[row]))
+        scores = process_logits(logits_processor, prefixes, torch.cat([logits[row] for row in growing]))
+        log_probs = torch.log_softmax(scores, dim=-1).split([len(frontiers[row]) for row in growing])
+        feeds = [None] * num_rows
+        for row, row_log_probs in zip(growing, log_probs):
+            new = shape.expand(nodes[row], frontiers[row], row_log_probs, depth)
+            frontiers[row] = shape.next_frontier(nodes[row], new)
+            if depth + 1 == num_depths[row] or not frontiers[row]:
+                continue
+            fed[row] += frontiers[row]
+            fed_parents = [fed[row].index(nodes[row].parent_ids[node]) if nodes[row].parent_ids[node] >= 0 else -1
+                           for node in fed[row]]
+            feeds[row] = (nodes[row], frontiers[row],
+                          TokenTree(torch.tensor(fed_parents, dtype=torch.long, device=input_ids[row].device)))
+        growing = [row for row in growing if feeds[row] is not None]
+        if not growing:
             break
-        # one draft forward over the next frontier, each node attending to its fed ancestors
-        fed += frontier
-        fed_parents = [fed.index(nodes.parent_ids[node]) if nodes.parent_ids[node] >= 0 else -1 for node in fed]
-        logits = forward(nodes, frontier, TokenTree(torch.tensor(fed_parents, dtype=torch.long,
-                                                                 device=input_ids.device)))
+        # one draft forward over every row's next frontier, each node attending to its fed ancestors
+        fed_logits = forward(feeds)
+        for row in growing:
+            logits[row] = fed_logits[row]
     return nodes
 
 
