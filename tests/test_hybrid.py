@@ -9,9 +9,11 @@ from hf_speculators.build import build_drafter
 from hf_speculators.methods import method_config
 from batch_helpers import MAX_NEW_TOKENS, batched_generate, laid_out
 from drafters_for_tests import ScriptedDrafter
-from speculative_helpers import PROMPTS, prompt_ids, speculative_generate
+from eagle_heads import random_eagle
+from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
 from test_batch import SAMPLING_PROMPTS, chi_square_ratio, exact_two_token_distribution, sampled_counts, scripted
 from test_lossless import AlwaysAcceptVerifier
+from tiny_models import build_model
 
 BATCH_PROMPTS = ("random", "one_token", "repetitive")
 
@@ -62,6 +64,23 @@ class GreedyContinuationDrafter(hs.Drafter):
         future = next((r[len(committed) : len(committed) + max_tokens] for r in self.references
                        if r[: len(committed)] == committed), [])
         return hs.Draft.chain(torch.tensor(future, dtype=torch.long))
+
+
+def test_an_eagle_head_catches_up_after_steps_suffix_decoding_drafted(zoo):
+    """The EAGLE head reads the target's features after every step, whichever source drafted, and drafts again
+    from the committed tokens after steps it did not draft: every row stays its plain greedy output."""
+    target = build_model("llama", num_layers=4, seed=1)
+    names = ("repetitive", "random", "repetitive")
+    prompts = [PROMPTS[name] for name in names]
+    references = [plain_generate(target, prompt_ids(name)) for name in names]
+    expected = laid_out(prompts, [reference[0].tolist() for reference in references])
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8),
+                               hs.EagleDrafter(random_eagle(7), num_draft_tokens=3))
+    for _ in range(2):
+        assert torch.equal(speculative_generate(target, prompt_ids("random"), drafter), references[1])
+        out = batched_generate(target, drafter, prompts)
+        assert torch.equal(out.sequences, expected)
+    assert all(source["steps"] > 0 for source in out.speculative_stats.drafter_stats.values())
 
 
 def test_sampling_is_lossless_and_the_test_catches_a_lossy_verifier(zoo):
