@@ -44,6 +44,10 @@ def test_draft_length_follows_the_match_length_and_the_settings():
     assert draft.token_ids == [5, 6, 7, 8, 9]  # floor(2 * 2.5)
     draft = speculate(cache.occurrences, list(range(10)), max_tokens=4, max_spec_factor=1.0, **settings)
     assert draft.match_length == 10 and draft.token_ids == [10, 11, 12, 13]  # capped by max_tokens
+    # a match as long as the depth allows leaves no room to draft: the same occurrence, matched shorter, drafts
+    deep = speculate(cached(list(range(40))).occurrences, list(range(23)), max_tokens=8, max_spec_factor=1.0,
+                     **settings)
+    assert deep.token_ids == list(range(23, 31)) and deep.match_length == 16  # the longest match of budget 8
     draft = speculate(cache.occurrences, [2, 3], max_tokens=16, max_spec_factor=1.0,
                       **{**settings, "eos_token_ids": {4}})
     assert draft.token_ids == [4]  # the draft ends after an EOS token

@@ -157,9 +157,10 @@ def speculate(occurrences_of, context: list[int], max_tokens: int, max_tree_dept
 
     The longest suffix of `context` of at most `KEY_SIZE` tokens that the index holds gives the candidate
     occurrences (`occurrences_of(ngram)`); each one's match is extended backwards, up to `max_tree_depth - 1`
-    tokens. For every match length `p` found, the occurrences matching at least `p` tokens give a draft of at most
+    tokens. For every match length `p`, the occurrences matching at least `p` tokens give a draft of at most
     `min(max_tokens, floor(p * max_spec_factor + max_spec_offset), max_tree_depth - p)` tokens (`_expand`); the
-    highest score wins, the longer match on a tie.
+    highest score wins, the longer match on a tie. (Match lengths with the same occurrences are drafted once, at
+    the length of the largest budget: a longer draft of the same occurrences scores at least as high.)
     """
     max_match = min(len(context), max_tree_depth - 1)
     for key_size in range(min(KEY_SIZE, max_match), 0, -1):
@@ -174,14 +175,21 @@ def speculate(occurrences_of, context: list[int], max_tokens: int, max_tree_dept
         while length < max_match and position - length > 0 and sequence[position - length - 1] == context[-length - 1]:
             length += 1
         matched.append((length, sequence, position))
-    best = SuffixDraft([], [])
-    for match_length in sorted({length for length, _, _ in matched}):
-        budget = min(max_tokens, math.floor(match_length * max_spec_factor + max_spec_offset),
-                     max_tree_depth - match_length)
-        if budget < 1:
+
+    def budget(match_length: int) -> int:
+        return min(max_tokens, math.floor(match_length * max_spec_factor + max_spec_offset),
+                   max_tree_depth - match_length)
+
+    best, shortest = SuffixDraft([], []), key_size
+    for longest in sorted({length for length, _, _ in matched}):
+        # every match length in [shortest, longest] has the same occurrences: the one of the largest budget
+        # (the longest on a tie) drafts the most
+        match_length = max(range(shortest, longest + 1), key=lambda length: (budget(length), length))
+        chosen = [(sequence, position) for length, sequence, position in matched if length >= longest]
+        shortest = longest + 1
+        if budget(match_length) < 1:
             continue
-        chosen = [(sequence, position) for length, sequence, position in matched if length >= match_length]
-        tokens, parents, score = _expand(chosen, budget, min_token_prob, tree, eos_token_ids)
+        tokens, parents, score = _expand(chosen, budget(match_length), min_token_prob, tree, eos_token_ids)
         if tokens and score >= best.score:
             best = SuffixDraft(tokens, parents, score, match_length)
     return best
