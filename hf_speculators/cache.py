@@ -180,30 +180,36 @@ class RaggedCache:
         """
         position_ids = self.lengths[:, None] + query.offsets
         if query.visible is not None:
-            return self.additive_mask(query.valid, dtype, query.visible), position_ids
+            return self.additive_mask(query.valid, dtype, query.visible, query.past_visible), position_ids
         if self.batch_size == 1 and not self._holes:
             return None, position_ids
         return torch.cat([self.valid, query.valid], dim=1).long(), position_ids
 
-    def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype,
-                      visible: torch.BoolTensor | None = None) -> torch.FloatTensor:
+    def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype, visible: torch.BoolTensor | None = None,
+                      past_visible: torch.BoolTensor | None = None) -> torch.FloatTensor:
         """The 4D float additive mask `(batch_size, 1, num_query, num_slots + num_query)` of a forward whose query
         slot j of row i holds a token when `new_valid[i, j]`, for modules that take no 2D mask (a draft head's
         attention, decoder layers run one by one) and for queries with their own visibility.
 
-        Query slot j sees its row's cached tokens, the new tokens that `visible[i, j]` marks (default: the new
-        tokens up to j, a chain), and itself (so a hole's query sees at least one slot).
+        Query slot j sees its row's cached tokens (of the last `num_past` slots, those `past_visible[i, j]` marks),
+        the new tokens that `visible[i, j]` marks (default: the new tokens up to j, a chain), and itself (so a
+        hole's query sees at least one slot).
 
         Args:
             new_valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): which query slots hold a token.
             dtype (`torch.dtype`): the model's dtype.
             visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_query)`, *optional*): which query
                 slots each query slot attends to (a token tree's ancestors).
+            past_visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_past)`, *optional*): which of the
+                last `num_past` cached slots each query slot attends to (a token tree's ancestors fed by earlier
+                forwards), instead of `valid`.
         """
         num_query, num_slots = new_valid.shape[1], self.valid.shape[1]
         if visible is None:
             visible = torch.ones(num_query, num_query, dtype=torch.bool).tril() & new_valid[:, None, :]
         seen = torch.cat([self.valid[:, None, :].expand(-1, num_query, -1), visible], dim=2)
+        if past_visible is not None:
+            seen[:, :, num_slots - past_visible.shape[2] : num_slots] = past_visible
         seen[:, torch.arange(num_query), num_slots + torch.arange(num_query)] = True
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
         return mask[:, None]
@@ -215,6 +221,10 @@ class RaggedCache:
         first of their row's query (the accepted path of a token tree) are gathered to its front first, so a row
         keeps no hole before its newest token: one row never keeps a hole."""
         new_valid = new_valid.to(self.valid.device)
+        if bool(new_valid.all()):  # every slot kept (a chain): no gather, no new hole, nothing to trim
+            self.valid = torch.cat([self.valid, new_valid], dim=1)
+            self.lengths = self.lengths + new_valid.shape[1]
+            return
         kept_first = torch.sort(new_valid.to(torch.uint8), dim=1, descending=True, stable=True)
         if not torch.equal(kept_first.values.bool(), new_valid):
             self._gather_tail(kept_first.indices)
@@ -236,6 +246,13 @@ class RaggedCache:
 
     def truncate(self, lengths: torch.LongTensor) -> None:
         """Keeps the first `lengths[i]` tokens of row i (no-op for a row holding that many or fewer)."""
+        if not self._holes:  # every row holds every slot: one length for all is a crop
+            keep = set(lengths.tolist())
+            if len(keep) == 1:
+                keep = min(keep.pop(), self.num_slots)
+                rollback(self.cache, self.num_slots - keep)
+                self.valid, self.lengths = self.valid[:, :keep], self.lengths.clamp_max(keep)
+                return
         position = self.valid.long().cumsum(dim=1)  # [batch_size, num_slots] the 1-based index of each token
         self.valid = self.valid & (position <= lengths[:, None])
         self.lengths = self.valid.sum(dim=1)

@@ -19,7 +19,9 @@ class Query:
     tokens its drafter asked for (`Draft.extra_token_ids`), then holes up to the widest row. A slot's position is
     its row's cached tokens plus `offsets[i, j]` (a node at depth d: 1 + d). With `visible` set, slot j of row i
     attends to the cached tokens and the query slots `visible[i, j]` marks; without it, to every earlier query slot
-    that holds a token (a chain).
+    that holds a token (a chain). With `past_visible` set as well, slot j also sees the cache's last `num_past`
+    slots that `past_visible[i, j]` marks, and only those of them: a token tree grown over several forwards (a
+    draft model's depths), whose earlier depths are in the cache but visible only to their descendants.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(batch_size, num_query)`): the tokens (any id in a hole).
@@ -29,6 +31,9 @@ class Query:
         visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_query)`, *optional*, on the CPU): which
             query slots each slot attends to; `None` for chains.
         num_verified (`list[int]`): per row, the slots that are verified: the pending token and the draft's nodes.
+        past_visible (`torch.BoolTensor` of shape `(batch_size, num_query, num_past)`, *optional*, on the CPU): which
+            of the cache's last `num_past` slots each slot attends to (with `visible` only); `None`: as the cache's
+            `valid` says.
     """
 
     input_ids: torch.LongTensor
@@ -36,11 +41,15 @@ class Query:
     offsets: torch.LongTensor
     visible: torch.BoolTensor | None
     num_verified: list[int]
+    past_visible: torch.BoolTensor | None = None
 
     @classmethod
     def chain(cls, input_ids: torch.LongTensor, valid: torch.BoolTensor) -> "Query":
         """A query of chains: row i's tokens are its slots that `valid` `(batch_size, num_query)` marks, in order
         (a prefill, or a draft model's forward)."""
+        if bool(valid.all()):  # no holes: slot j is at offset j
+            batch_size, num_query = valid.shape
+            return cls(input_ids, valid, torch.arange(num_query).expand(batch_size, -1), None, [num_query] * batch_size)
         offsets = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
         return cls(input_ids, valid, offsets, None, valid.sum(dim=1).tolist())
 

@@ -68,11 +68,11 @@ def test_greedy_draft_is_the_draft_models_own_greedy_continuation(zoo):
     """propose() called step by step on growing sequences equals the draft model's plain greedy output."""
     draft_model = zoo.draft("qwen2")
     drafter = hs.DraftModelDrafter(draft_model, num_draft_tokens=3)
-    drafter.prepare(zoo.target("qwen2"), GenerationConfig(do_sample=False), LogitsProcessorList(), None)
+    state = drafter.new_state(zoo.target("qwen2"), GenerationConfig(do_sample=False))
     sequence = zoo.reference("qwen2", PROMPT)
     for length in range(PROMPT_LENGTH, PROMPT_LENGTH + 12, 3):  # the committed text grows by 3 each call
         prefix = sequence[:, :length]
-        draft = drafter.propose(prefix, 3)
+        (draft,) = drafter.propose(state, [prefix], [3], [0])
         expected = draft_model.generate(prefix, max_new_tokens=3, do_sample=False)[0, length:]
         assert draft.draft_probs is None
         assert_same_tokens(draft.token_ids, expected)
@@ -83,9 +83,10 @@ def test_sampled_draft_probs_are_the_processed_draft_distribution(zoo):
     draft_model = zoo.draft("gpt2")
     drafter = hs.DraftModelDrafter(draft_model, num_draft_tokens=3)
     processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20)])
-    drafter.prepare(zoo.target("gpt2"), GenerationConfig(do_sample=True), processors, torch.Generator().manual_seed(0))
+    state = drafter.new_state(zoo.target("gpt2"), GenerationConfig(do_sample=True), logits_processor=processors,
+                              generator=torch.Generator().manual_seed(0))
     prefix = prompt_ids(PROMPT)
-    draft = drafter.propose(prefix, 3)
+    (draft,) = drafter.propose(state, [prefix], [3], [0])
     assert draft.draft_probs.shape == (3, 96)
     for i in range(3):
         context = torch.cat([prefix, draft.token_ids[None, :i]], dim=-1)

@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import (
     GenerationConfig,
-    LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
     TextIteratorStreamer,
@@ -288,8 +287,9 @@ def test_get_candidates_greedy(zoo, kind):
 def test_get_candidates_sampled_returns_log_probabilities(zoo):
     input_ids = prompt_ids(PROMPT)
     drafter = hs.DraftModelDrafter(zoo.draft("llama"), num_draft_tokens=3)
-    drafter.prepare(zoo.target("llama"), GenerationConfig(do_sample=True), LogitsProcessorList(),
-                    torch.Generator().manual_seed(0))
+    # transformers' assisted loop keeps one state per candidate generator; here a sampling one
+    drafter._candidate_state = drafter.new_state(zoo.target("llama"), GenerationConfig(do_sample=True),
+                                                 generator=torch.Generator().manual_seed(0))
     candidate_ids, candidate_logits = drafter.get_candidates(input_ids)
     assert candidate_ids.shape == (1, PROMPT_LENGTH + 3)
     assert candidate_logits.shape == (1, 3, 96)

@@ -6,7 +6,7 @@ from drafters_for_tests import WrongFirstTreeDrafter
 from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, plain_generate, prompt_ids
 from speculative_helpers import speculative_generate as speculative
 from tiny_models import ARCHS, VOCAB_SIZE, build_draft, build_model, build_tokenizer
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig
 
 import hf_speculators as hs
 from hf_speculators.cache import keep_accepted, rollback
@@ -277,18 +277,24 @@ def test_length_budget_limits_the_depth(zoo):
 # ---------------------------------------------------------------- drafters
 
 
+def propose_alone(drafter, input_ids, max_tokens, target=None, generation_config=None):
+    """`drafter`'s draft for the one sequence `input_ids` `(1, length)` in a call of its own."""
+    state = drafter.new_state(target, generation_config or GenerationConfig())
+    return drafter.propose(state, [input_ids], [max_tokens], [0])[0]
+
+
 def test_multi_candidate_prompt_lookup_trie():
     a, b, c, d = 10, 11, 12, 13
     input_ids = torch.tensor([[a, b, c, a, b, d, a, b]])
     drafter = hs.PromptLookupDrafter(num_draft_tokens=3, max_ngram_size=2, num_candidates=2)
-    draft = drafter.propose(input_ids, 3)
+    draft = propose_alone(drafter, input_ids, 3)
     # "a b" was followed by d (latest) and by c: both continuations, latest first
     assert draft.token_ids.tolist() == [d, a, b, c, a, b] and draft.parent_ids.tolist() == [-1, 0, 1, -1, 3, 4]
-    chain = hs.PromptLookupDrafter(num_draft_tokens=3, max_ngram_size=2).propose(input_ids, 3)
+    chain = propose_alone(hs.PromptLookupDrafter(num_draft_tokens=3, max_ngram_size=2), input_ids, 3)
     assert chain.token_ids.tolist() == [d, a, b] and chain.is_chain
     # candidates beyond the longest n-gram's come from shorter n-grams ("b" alone), none twice
     input_ids = torch.tensor([[a + 5, b, c, a, b, d, a, b]])  # "a b" was followed by d only; "b" by d and c
-    three = hs.PromptLookupDrafter(num_draft_tokens=2, max_ngram_size=2, num_candidates=3).propose(input_ids, 2)
+    three = propose_alone(hs.PromptLookupDrafter(num_draft_tokens=2, max_ngram_size=2, num_candidates=3), input_ids, 2)
     assert three.token_ids.tolist() == [d, a, c, a] and three.parent_ids.tolist() == [-1, 0, -1, 2]
     with pytest.raises(ValueError, match="num_candidates must be an integer >= 1"):
         hs.PromptLookupDrafter(num_candidates=0)

@@ -1,13 +1,14 @@
 """Drafting with a smaller causal LM of the same vocabulary, keeping its KV cache across steps."""
 
+from dataclasses import dataclass, field
+
 import torch
 
-from ..cache import RaggedCache, check_batch_support, prepare_cache, truncate
-from ..forward import forward_batch_logits, forward_logits
+from ..cache import RaggedCache, check_batch_support, prepare_cache
 from ..quantization import quantized_copy
-from ..tree import TokenTree
+from ..query import Query, forward
 from ..types import Draft
-from .base import Drafter
+from .base import Drafter, DraftState
 
 
 def vocabulary_size(model) -> int:
@@ -51,24 +52,44 @@ def reusable_length(cached_ids: torch.LongTensor, committed: torch.LongTensor) -
     return min(common_prefix_length(cached_ids, committed), len(committed) - 1)
 
 
-def right_aligned(sequences: list[torch.LongTensor], device) -> tuple[torch.LongTensor, torch.BoolTensor]:
+def right_aligned(sequences: list[torch.LongTensor]) -> tuple[torch.LongTensor, torch.BoolTensor]:
     """Stacks 1D `sequences` into `(len(sequences), longest)` input ids, each at the right end (padding first, id
     0), and which slots hold a token `(len(sequences), longest)` (on the CPU, as `RaggedCache` keeps its masks)."""
-    lengths = torch.tensor([len(sequence) for sequence in sequences])
-    width = int(lengths.max())
-    valid = torch.arange(width) >= width - lengths[:, None]
-    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    input_ids[valid] = torch.cat([sequence.cpu() for sequence in sequences])
-    return input_ids.to(device), valid
+    lengths = [len(sequence) for sequence in sequences]
+    width = max(lengths)
+    if min(lengths) == width:  # no padding (always for one sequence)
+        return torch.stack(sequences), torch.ones(len(sequences), width, dtype=torch.bool)
+    input_ids = torch.stack([torch.nn.functional.pad(sequence, (width - length, 0))
+                             for sequence, length in zip(sequences, lengths)])
+    return input_ids, torch.arange(width) >= width - torch.tensor(lengths)[:, None]
+
+
+@dataclass
+class DraftModelState(DraftState):
+    """A call's draft-model state: its KV cache, one row per running row of the call (rows that finished leave it
+    by their batch index, `RaggedCache.keep_rows`), the tokens each row of it holds, and the target's logits width.
+
+    Args:
+        draft_cache (`RaggedCache`): the draft model's cache.
+        cached_ids (`list[torch.LongTensor]`): per cache row, the tokens `(length_i,)` whose keys and values it holds.
+        vocab_size (`int`): the width of the target's logits, which draft logits are given.
+        draft_device (`torch.device`): the draft model's device (read once: `model.device` walks the parameters).
+    """
+
+    draft_cache: RaggedCache | None = None
+    cached_ids: list = field(default_factory=list)
+    vocab_size: int = 0
+    draft_device: torch.device | None = None
 
 
 class DraftModelDrafter(Drafter):
     """Drafts with a smaller causal LM that shares the target's tokenizer (Leviathan et al. 2023; Chen et al. 2023).
 
-    The draft model keeps its own `DynamicCache` across steps: each call rolls it back to the longest prefix it
-    shares with the committed tokens and feeds only the tokens it has not seen, then drafts `max_tokens` tokens
-    one forward each. There is no re-prefill and no nested `generate()` per step. For a batch (`propose_batch`) the
-    draft cache is a `RaggedCache` with one row per running sequence, and each forward serves every row.
+    The draft model keeps its own KV cache across the steps of a call (`DraftModelState.draft_cache`, a
+    `RaggedCache` with one row per running row): each call rolls every row back to the longest prefix it shares
+    with that row's committed tokens and feeds only the tokens it has not seen, then drafts `max_tokens` tokens,
+    one batched forward per draft token for all rows. There is no re-prefill and no nested `generate()` per step;
+    a single sequence is a batch of one (no mask, the model's own causal attention).
 
     Draft scores go through the same logits processors and warpers as the target's, so with sampling the
     returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
@@ -82,7 +103,8 @@ class DraftModelDrafter(Drafter):
 
     Raises:
         `ValueError`: at construction for `num_draft_tokens < 1`; at the start of generation if the draft model
-            was built for another vocabulary.
+            was built for another vocabulary, or for a batch if its cache has sliding-window or linear-attention
+            layers (they cannot keep a batch's holes).
 
     Example, a quantized copy of the target as its own draft (`from_target`):
 
@@ -93,13 +115,12 @@ class DraftModelDrafter(Drafter):
     """
 
     name = "draft-model"
+    state_class = DraftModelState
 
     def __init__(self, draft_model, num_draft_tokens: int = 5, draft_tokenizer=None):
         super().__init__(num_draft_tokens)
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
-        self.vocab_size = vocabulary_size(draft_model)
-        self._reset_cache()
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -125,116 +146,85 @@ class DraftModelDrafter(Drafter):
         drafter.draft_model = quantized_copy(model, quantization)  # same config and vocabulary as `model`
         return drafter
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
-        check_same_vocabulary(target, self.draft_model, tokenizer, self.draft_tokenizer)
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        self.vocab_size = vocabulary_size(target)
-        self._reset_cache()
+    def start(self, state: DraftModelState) -> None:
+        """Checks the draft model against the target (none in transformers' `get_candidates`) and starts an empty
+        draft cache of `state.batch_size` rows.
 
-    def check_batch_support(self) -> None:
-        """Raises `ValueError` if the draft model's cache cannot hold a batch: sliding-window or linear-attention
-        layers (see `hf_speculators.cache.check_batch_support`)."""
-        try:
-            check_batch_support(prepare_cache(None, self.draft_model.config))
-        except ValueError as error:
-            raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
+        Raises:
+            `ValueError`: a draft model of another vocabulary; for a batch, a draft cache with sliding-window or
+                linear-attention layers.
+        """
+        if state.target is not None:
+            check_same_vocabulary(state.target, self.draft_model, state.tokenizer, self.draft_tokenizer)
+        state.vocab_size = vocabulary_size(self.draft_model if state.target is None else state.target)
+        cache = prepare_cache(None, self.draft_model.config)
+        if state.batch_size > 1:
+            try:
+                check_batch_support(cache)
+            except ValueError as error:
+                raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
+        state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool))
+        state.draft_device = self.draft_model.device
+        state.cached_ids = [torch.empty(0, dtype=torch.long, device=state.draft_device)] * state.batch_size
 
-    def _reset_cache(self) -> None:
-        self._cache = prepare_cache(None, self.draft_model.config)
-        self._cached_ids = torch.empty(0, dtype=torch.long)  # the tokens whose KV is in self._cache
-        self._batch_cache: RaggedCache | None = None  # for propose_batch: one row per running sequence
-        self._batch_cached_ids: list[torch.LongTensor] = []  # per row, the tokens whose KV it holds
+    def _logits(self, state: DraftModelState, query: Query, num_logits: int | None,
+                device) -> torch.FloatTensor:
+        """Runs the draft model over `query` after its cache, which then keeps the query's tokens; returns the
+        logits `(num_rows, num_logits or num_query, target_vocab)` on `device`, at the target's width: extra
+        columns dropped, missing ones at -inf."""
+        logits = forward(self.draft_model, state.draft_cache, query, num_logits)
+        state.draft_cache.append(query.valid)
+        missing = state.vocab_size - logits.shape[-1]
+        if missing < 0:
+            logits = logits[..., : state.vocab_size]
+        elif missing > 0:
+            logits = torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
+        return logits.to(device)
 
-    def _fit_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
-        """Gives `logits` `(n, draft_vocab)` the target's width: extra rows dropped, missing ones at -inf."""
-        missing = self.vocab_size - logits.shape[-1]
-        if missing <= 0:
-            return logits[..., : self.vocab_size]
-        return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
-
-    def _new_tokens(self, input_ids: torch.LongTensor) -> torch.LongTensor:
-        """Rolls the draft cache back to what it shares with the committed `input_ids` `(1, length)`; returns the
-        committed tokens `(n,)` it lacks, at least the last one (its logits give the first draft token)."""
-        device = self.draft_model.device
-        committed = input_ids[0].to(device)
-        reused = reusable_length(self._cached_ids.to(device), committed)
-        truncate(self._cache, reused)
-        return committed[reused:]
-
-    def _logits(self, input_ids: torch.LongTensor, tree: TokenTree, num_prefix: int, num_logits: int, device):
-        """Draft-model logits `(num_logits, target_vocab)` on `device` (see `forward_logits` for the arguments)."""
-        logits = forward_logits(self.draft_model, self._cache, input_ids, tree, num_prefix, num_logits)
-        return self._fit_vocabulary(logits).to(device)
-
-    @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        # 1. roll the draft cache back to what it shares with the committed tokens; feed the rest
-        new_ids, prefix = self._new_tokens(input_ids), input_ids
-        no_nodes = TokenTree.chain(0, input_ids.device)
-        tokens, probs = [], []
-        # 2. draft one token per forward
-        for _ in range(max_tokens):
-            logits = self._logits(new_ids[None], no_nodes, prefix.shape[1], 1, input_ids.device)
-            prefix = self._extend(prefix, logits, tokens, probs)
-            new_ids = prefix[0, -1:].to(self.draft_model.device)
-        # 3. remember what the cache holds: the committed tokens and all draft tokens but the last
-        self._cached_ids = prefix[0, : self._cache.get_seq_length()]
-        return self._chain(tokens, probs, input_ids)
-
-    def _extend(self, prefix: torch.LongTensor, logits: torch.FloatTensor, tokens: list, probs: list):
-        """Drafts the token after `prefix` `(1, length)` from raw logits `(1, vocab)` (`_draft_token`), appends it to
-        `tokens` and its distribution to `probs`, and returns `prefix` with it `(1, length + 1)`."""
-        token, token_probs = self._draft_token(prefix, logits)
-        tokens.append(token)
-        probs.append(token_probs)
-        return torch.cat([prefix, token.view(1, 1)], dim=-1)
-
-    def _chain(self, tokens: list, probs: list, input_ids: torch.LongTensor) -> Draft:
-        """The chain `Draft` of the `tokens` drafted after `input_ids`, with `draft_probs` when sampling."""
-        draft_probs = torch.stack(probs) if self.do_sample and probs else None
-        return Draft.chain(torch.stack(tokens) if tokens else input_ids.new_empty(0), draft_probs)
+    def _feed(self, state: DraftModelState, input_ids, rows) -> torch.FloatTensor:
+        """Syncs the draft cache with each row's committed tokens `input_ids[i]` `(1, length_i)`: drops the rows
+        that left, rolls each row back to what it shares with its tokens and feeds the rest, at least the last
+        token, in one forward. Returns the logits `(len(rows), target_vocab)` after each row's last token."""
+        cache, device = state.draft_cache, state.draft_device
+        kept = cache.keep_rows(list(rows))  # rows that finished leave
+        committed = [ids[0].to(device) for ids in input_ids]
+        reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, committed)]
+        cache.truncate(torch.tensor(reused))
+        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)])
+        state.cached_ids = committed
+        return self._logits(state, Query.chain(new_ids, new_valid), 1, input_ids[0].device)[:, -1]
 
     @torch.no_grad()
-    def propose_batch(self, input_ids: list[torch.LongTensor], max_tokens: list[int], rows: list[int]) -> list[Draft]:
-        """One batched draft forward per draft token for all rows; each row's chain is what `propose` would draft
-        for it alone (same logits processors, same `draft_probs`), cut to the row's own budget."""
+    def propose(self, state: DraftModelState, input_ids, max_tokens, rows) -> list[Draft]:
+        """Each row's chain of `max_tokens[i]` draft tokens: one batched draft forward per draft token for the rows
+        whose budget asks for another (see `Drafter.propose` for the arguments)."""
         # 1. each row's cache rolled back to what it shares with its committed tokens; the rest fed in one forward
-        logits = self._feed_batch([ids[0] for ids in input_ids], rows, input_ids[0].device)
+        logits = self._feed(state, input_ids, rows)  # [rows, vocab]
         prefixes = list(input_ids)
-        tokens, probs = [[] for _ in rows], [[] for _ in rows]
+        tokens, probs = [[] for _ in prefixes], [[] for _ in prefixes]
+        every_row = torch.ones(len(prefixes), 1, dtype=torch.bool)
+        one_slot = Query.chain(every_row, every_row).offsets  # the offsets of a query of one slot per row
         # 2. one forward per draft token for the rows whose budget asks for another
         for step in range(max(max_tokens)):
-            for i in (i for i, budget in enumerate(max_tokens) if step < budget):
-                prefixes[i] = self._extend(prefixes[i], logits[i : i + 1], tokens[i], probs[i])
-            feeding = torch.tensor([step + 1 < budget for budget in max_tokens])[:, None]
-            if feeding.any():
-                last = torch.stack([prefix[0, -1] for prefix in prefixes])[:, None].to(self.draft_model.device)
-                logits = self._batch_logits(last, feeding, input_ids[0].device)
+            drafting = [i for i, budget in enumerate(max_tokens) if step < budget]
+            every = len(drafting) == len(prefixes)
+            new, new_probs = state.draft_tokens([prefixes[i] for i in drafting], logits if every else logits[drafting])
+            for j, i in enumerate(drafting):
+                tokens[i].append(new[j])
+                probs[i].append(None if new_probs is None else new_probs[j])
+                prefixes[i] = torch.cat([prefixes[i], new[j].view(1, 1)], dim=-1)
+            feeding = [step + 1 < budget for budget in max_tokens]
+            if any(feeding):
+                last = new[:, None] if every else torch.stack([prefix[0, -1] for prefix in prefixes])[:, None]
+                valid = every_row if all(feeding) else torch.tensor(feeding)[:, None]
+                query = Query(last.to(state.draft_device), valid, one_slot, None, [int(fed) for fed in feeding])
+                logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
-        self._batch_cached_ids = [prefix[0, :length] for prefix, length in zip(prefixes, self._batch_cache.lengths)]
-        return [self._chain(row_tokens, row_probs, ids) for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
-
-    def _feed_batch(self, committed: list[torch.LongTensor], rows: list[int], device) -> torch.FloatTensor:
-        """Syncs the batch draft cache with each row's `committed` tokens `(length_i,)`: drops the rows that left,
-        rolls each row back to what it shares with its tokens and feeds the rest, at least the last token, in one
-        forward. Returns the logits `(len(rows), target_vocab)` after each row's last committed token."""
-        if self._batch_cache is None:
-            empty = torch.zeros(len(rows), 0, dtype=torch.bool)
-            self._batch_cache = RaggedCache(prepare_cache(None, self.draft_model.config), empty, rows=rows)
-            self._batch_cached_ids = [committed[0].new_empty(0) for _ in rows]
-        kept = self._batch_cache.keep_rows(rows)  # finished rows leave
-        self._batch_cached_ids = [self._batch_cached_ids[i] for i in kept]
-        reused = [reusable_length(cached, ids) for cached, ids in zip(self._batch_cached_ids, committed)]
-        self._batch_cache.truncate(torch.tensor(reused))
-        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)], self.draft_model.device)
-        return self._batch_logits(new_ids, new_valid, device)
-
-    def _batch_logits(self, input_ids: torch.LongTensor, new_valid: torch.BoolTensor, device) -> torch.FloatTensor:
-        """Draft-model logits `(batch_size, target_vocab)` on `device` at the last slot of `input_ids`
-        `(batch_size, num_query)` after the batch draft cache, which keeps the slots `new_valid` marks."""
-        logits = forward_batch_logits(self.draft_model, self._batch_cache, input_ids, new_valid, num_logits=1)
-        self._batch_cache.append(new_valid)
-        return self._fit_vocabulary(logits[:, -1]).to(device)
+        state.cached_ids = [prefix[0, :length].to(state.draft_device)
+                            for prefix, length in zip(prefixes, state.draft_cache.lengths.tolist())]
+        return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
+                if row_tokens else Draft.empty(ids.device)
+                for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
     def __repr__(self) -> str:
         return f"DraftModelDrafter({type(self.draft_model).__name__}, num_draft_tokens={self.num_draft_tokens})"

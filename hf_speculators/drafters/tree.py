@@ -1,14 +1,15 @@
 """Token-tree drafting with a draft model: a static tree of child ranks (Medusa) or a dynamic tree (EAGLE-2)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ..cache import check_tree_support, truncate
+from ..cache import check_tree_support
+from ..query import Query
 from ..sampling import process_logits
 from ..tree import TokenTree, tree_from_paths
 from ..types import Draft
-from .draft_model import DraftModelDrafter
+from .draft_model import DraftModelDrafter, DraftModelState
 
 
 class DraftNodes:
@@ -154,27 +155,6 @@ def tree_shape(tree) -> "StaticTree | DynamicTree":
     return DynamicTree(**tree)
 
 
-def grow_tree(shape: "StaticTree | DynamicTree", input_ids: torch.LongTensor, logits_processor,
-              root_logits: torch.FloatTensor, max_tokens: int, forward) -> DraftNodes:
-    """Drafts one token tree depth by depth (`grow_trees` for one row).
-
-    Args:
-        shape (`StaticTree` or `DynamicTree`): the tree's shape.
-        input_ids (`torch.LongTensor` of shape `(1, sequence_length)`): the committed tokens.
-        logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to each node's row.
-        root_logits (`torch.FloatTensor` of shape `(1, vocab_size)`): draft logits after the committed tokens.
-        max_tokens (`int`): the deepest path allowed (>= 1).
-        forward (`Callable[[DraftNodes, list[int], TokenTree], torch.FloatTensor]`): runs the draft over the nodes
-            `frontier` given the tree `fed_tree` of every node fed so far this step (the frontier its last
-            nodes) and returns their logits `(len(frontier), vocab_size)`.
-
-    Returns:
-        `DraftNodes`: every node drafted; `shape.select(nodes)` keeps the draft's.
-    """
-    return grow_trees(shape, [input_ids], logits_processor, root_logits, [max_tokens],
-                      lambda feeds: [forward(*feeds[0])])[0]
-
-
 def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
                root_logits: torch.FloatTensor, max_tokens: Sequence[int], forward) -> list[DraftNodes]:
     """Drafts one token tree per row, depth by depth and in step: the expansion loop of every tree drafter.
@@ -240,6 +220,11 @@ class TreeDrafter(DraftModelDrafter):
     tokens does. The draft cache is handled as by `DraftModelDrafter`: it keeps the committed tokens across steps;
     the tree's nodes are dropped from it after each draft.
 
+    For a batch every row grows its own tree (`grow_trees`), and each depth is one draft forward over every row's
+    frontier: a node sees its row's committed tokens and, of the nodes fed at earlier depths (in the draft cache),
+    its ancestors only (`Query.past_visible`). Rows' trees may differ in shape; the target scores them in one
+    forward as well.
+
     Children are the draft model's most likely tokens after the call's logits processors and warpers, so the draft
     is deterministic (`draft_probs=None`): under sampling, rejection verification treats each node as one-hot
     (EAGLE's scheme), which is lossless.
@@ -257,44 +242,77 @@ class TreeDrafter(DraftModelDrafter):
     """
 
     name = "tree"
+    drafts_trees = True
 
     def __init__(self, draft_model, tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None,
                  draft_tokenizer=None):
         self.tree = tree_shape(tree)
         super().__init__(draft_model, num_draft_tokens=self.tree.depth, draft_tokenizer=draft_tokenizer)
 
-    def prepare(self, target, generation_config, logits_processor, generator, tokenizer=None, cache=None) -> None:
-        super().prepare(target, generation_config, logits_processor, generator, tokenizer, cache)
-        check_tree_support(self._cache)
-        if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= self.vocab_size:
+    def start(self, state: DraftModelState) -> None:
+        """As `DraftModelDrafter.start`; also checks that the draft cache can hold trees and the tree's ranks.
+
+        Raises:
+            `ValueError`: as `DraftModelDrafter.start`; a draft model with sliding-window or linear-attention layers;
+                a static tree asking for a child rank beyond the vocabulary.
+        """
+        super().start(state)
+        check_tree_support(state.draft_cache.cache)
+        if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= state.vocab_size:
             raise ValueError(
-                f"The tree asks for child rank {max(self.tree.ranks)} of a {self.vocab_size}-token vocabulary."
+                f"The tree asks for child rank {max(self.tree.ranks)} of a {state.vocab_size}-token vocabulary."
             )
 
-    def check_batch_support(self) -> None:
-        raise ValueError(
-            f"TreeDrafter drafts token trees ({self.tree!r}), which batch size > 1 does not support yet: for a batch "
-            f"use DraftModelDrafter(draft_model, num_draft_tokens={self.tree.depth}) (a chain), or call generate "
-            "once per prompt."
-        )
-
     @torch.no_grad()
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> Draft:
-        num_committed, device = input_ids.shape[1], input_ids.device
-        # 1. roll the draft cache back to the committed tokens it holds; feed the rest: the root's logits
-        new_ids = self._new_tokens(input_ids)[None]
-        logits = self._logits(new_ids, TokenTree.chain(0, device), num_committed, 1, device)
+    def propose(self, state: DraftModelState, input_ids, max_tokens, rows) -> list[Draft]:
+        """Each row's token tree, at most `max_tokens[i]` deep: one batched draft forward per depth over every
+        row's frontier (see `Drafter.propose` for the arguments)."""
+        device = input_ids[0].device
+        # 1. each row's cache rolled back to the committed tokens it holds; the rest fed: the roots' logits
+        root_logits = self._feed(state, input_ids, rows)
+        cache = state.draft_cache
+        committed = cache.lengths
+        # per row, the node each slot fed during this step holds (None: a hole); the same number for every row
+        slots = [[] for _ in input_ids]
 
-        def forward(nodes: DraftNodes, frontier: list[int], fed_tree: TokenTree) -> torch.FloatTensor:
-            frontier_ids = torch.tensor([[nodes.token_ids[node] for node in frontier]], device=self.draft_model.device)
-            return self._logits(frontier_ids, fed_tree, num_committed, len(frontier), device)
+        def forward(feeds: list) -> list:
+            growing = [i for i, feed in enumerate(feeds) if feed is not None]
+            trees, frontiers = [feeds[i][0] for i in growing], [feeds[i][1] for i in growing]
+            width, num_past = max(map(len, frontiers)), len(slots[0])
+            # per row and slot: [token, offset, valid, then what it sees of the fed nodes' slots and of this query's]
+            table = [[[0, 0, False] + [False] * (num_past + width) for _ in range(width)] for _ in slots]
+            for i, nodes, frontier in zip(growing, trees, frontiers):
+                fed = {node: slot for slot, node in enumerate(slots[i]) if node is not None}
+                for j, node in enumerate(frontier):
+                    entry, parent, depth = table[i][j], nodes.parent_ids[node], 0
+                    entry[0], entry[2], entry[3 + num_past + j] = nodes.token_ids[node], True, True
+                    while parent >= 0:  # each node sees its ancestors' slots, fed at earlier depths
+                        entry[3 + fed[parent]] = True
+                        parent, depth = nodes.parent_ids[parent], depth + 1
+                    entry[1] = depth - len(fed)  # its position: the cache counts the fed nodes as the row's tokens
+            table = torch.tensor(table, dtype=torch.long).view(len(slots), width, 3 + num_past + width)
+            valid, seen = table[..., 2].bool(), table[..., 3:].bool()
+            query = Query(table[..., 0].to(state.draft_device), valid, table[..., 1], seen[..., num_past:],
+                          valid.sum(dim=1).tolist(), past_visible=seen[..., :num_past])
+            logits = self._logits(state, query, None, device)  # [rows, width, vocab]
+            for row_slots in slots:
+                row_slots.extend([None] * width)
+            for i, frontier in zip(growing, frontiers):
+                slots[i][num_past : num_past + len(frontier)] = frontier
+            fed_logits = [None] * len(feeds)
+            for i, frontier in zip(growing, frontiers):
+                fed_logits[i] = logits[i, : len(frontier)]
+            return fed_logits
 
-        # 2. expand depth by depth, one draft forward per depth
-        nodes = grow_tree(self.tree, input_ids, self.logits_processor, logits, max_tokens, forward)
-        # 3. drop the nodes from the draft cache: it holds the committed tokens, as DraftModelDrafter's after a step
-        truncate(self._cache, num_committed)
-        self._cached_ids = input_ids[0]
-        return nodes.draft(self.tree.select(nodes), device)
+        # 2. expand depth by depth, one draft forward per depth for all rows; no compaction while slots are tracked
+        max_holes, cache.max_holes = cache.max_holes, float("inf")
+        try:
+            trees = grow_trees(self.tree, input_ids, state.logits_processor, root_logits, max_tokens, forward)
+        finally:
+            # 3. drop the nodes from the draft cache: it holds the committed tokens, as after DraftModelDrafter's feed
+            cache.max_holes = max_holes
+            cache.truncate(committed)
+        return [nodes.draft(self.tree.select(nodes), device) for nodes in trees]
 
     def __repr__(self) -> str:
         return f"TreeDrafter({type(self.draft_model).__name__}, tree={self.tree!r})"
