@@ -87,6 +87,21 @@ def test_an_eagle_head_catches_up_after_steps_suffix_decoding_drafted(zoo):
     assert any(mixed), mixed
 
 
+def test_a_draft_model_catches_up_after_steps_suffix_decoding_drafted(zoo):
+    model, prompts = zoo.target("llama"), [PROMPTS[name] for name in BATCH_PROMPTS]
+    expected = laid_out(prompts, [zoo.reference("llama", name)[0].tolist() for name in BATCH_PROMPTS])
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8), hs.DraftModelDrafter(zoo.draft("llama"), 3))
+    mixed = []
+    for _ in range(2):
+        out = speculative_generate(model, prompt_ids("random"), drafter, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, zoo.reference("llama", "random"))
+        mixed.append(all(source["steps"] for source in out.speculative_stats.drafter_stats.values()))
+        out = batched_generate(model, drafter, prompts)
+        assert torch.equal(out.sequences, expected)
+        mixed.append(all(source["steps"] for source in out.speculative_stats.drafter_stats.values()))
+    assert any(mixed), mixed
+
+
 def test_sampling_is_lossless_and_the_test_catches_a_lossy_verifier(zoo):
     """Both sources draft: suffix decoding while its memory (greedy outputs, then the samples) predicts more than
     two tokens, the model's greedy continuation otherwise."""
