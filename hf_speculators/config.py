@@ -248,12 +248,14 @@ class SpeculativeConfig:
 
     def resolved(self, name: str):
         """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`); a
-        learned head's `tree` sets the number of draft tokens to its depth."""
+        learned head's `tree` sets the number of draft tokens to its depth, lookahead's `ngram_size` to N - 1."""
         value = getattr(self, name)
         if value is not None or self.method not in DRAFTERS:
             return value
         if name == "num_draft_tokens" and self.method in HEAD_METHODS and self.tree is not None:
             return tree_shape(self.tree).depth
+        if name == "num_draft_tokens" and self.method == "lookahead":
+            return self.resolved("ngram_size") - 1
         parameter = inspect.signature(DRAFTERS[self.method]).parameters.get(name)
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 

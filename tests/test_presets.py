@@ -25,6 +25,7 @@ NEW_TOKENS = 8
 REPO_CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 # documented reasons why a bundled preset does not build or export in this version
 NOT_EXPORTABLE = {"layer-skip": "method='layer-skip' has no vLLM equivalent",
+                  "lookahead": "method='lookahead' has no vLLM equivalent",
                   "medusa": "vLLM reads Medusa heads in its own layout"}
 
 
