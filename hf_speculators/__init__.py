@@ -2,15 +2,14 @@
 
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
-from . import layers
 from .drafters import (
     DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
     LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
+from .draft import Draft
 from .metrics import SpeculativeStats
 from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
 from .tree import TokenTree
-from .types import Draft, Verdict
 from .verifiers import (
     VERIFIERS,
     ExactVerifier,
@@ -18,6 +17,7 @@ from .verifiers import (
     RejectionVerifier,
     TopKVerifier,
     TypicalVerifier,
+    Verdict,
     Verifier,
 )
 

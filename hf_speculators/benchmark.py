@@ -19,7 +19,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   skip's verification runs only the upper layers, not counted)
     forward_seconds                               seconds inside target and draft forwards and the target's
                                                   modules run on their own by layer skip (hooks; CPU-exact)
-    mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_draft_tokens,
+    mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_drafted_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier, draft_lengths, num_steps_without_draft
                                                   `SpeculativeStats` figures; null for methods that give none
@@ -70,14 +70,14 @@ import transformers
 from tqdm.auto import tqdm
 
 from . import methods as speculative_methods
-from .methods import LOADED_DRAFT
 from .bench_batches import Batch, batch_skip_reason, make_batches, pad_token, padding_overhead, row_new_ids, row_stats
 from .build import build_drafter, build_verifier
 from .chat import encode_prompt, use_chat_template
 from .config import SpeculativeConfig
+from .decoder_layers import DecoderLayers
 from .decoding import generate
 from .drafters import LayerSkipDrafter
-from .layers import DecoderLayers
+from .methods import LOADED_DRAFT
 from .metrics import SpeculativeStats, clock
 from .quantization import quantization_settings
 from .schedules import check_schedule
@@ -103,7 +103,7 @@ DRAFT_MODULE_ATTRIBUTES = ("draft_model", "head", "heads")
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 # record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
 STATS_FIELDS = (
-    "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_draft_tokens",
+    "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_drafted_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
     "drafter", "verifier", "draft_lengths", "num_steps_without_draft",
 )
@@ -306,13 +306,13 @@ def _summarize_method(records: list[dict]) -> dict:
         drafted_per_position=_sum_lists(r["drafted_per_position"] for r in with_stats),
         accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
     )
-    num_draft_tokens = sum(r["num_draft_tokens"] for r in with_stats)
+    num_drafted_tokens = sum(r["num_drafted_tokens"] for r in with_stats)
     draft_lengths = _sum_lists(r.get("draft_lengths") or [] for r in with_stats)
     return {
         "num_prompts": len(records),
         "new_tokens": new_tokens,
-        "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_draft_tokens
-        if num_draft_tokens else None,
+        "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_drafted_tokens
+        if num_drafted_tokens else None,
         "seconds": seconds,
         "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,

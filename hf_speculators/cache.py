@@ -214,23 +214,25 @@ class RaggedCache:
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
         return mask[:, None]
 
-    def append(self, new_valid: torch.BoolTensor) -> None:
+    def append(self, new_valid: torch.BoolTensor, gather: bool = True) -> None:
         """After a forward of `num_query` slots per row: which of them each row keeps, `(batch_size, num_query)`.
 
         The others (rejected draft tokens, padding, unverified tokens) become holes. Kept slots that are not the
         first of their row's query (the accepted path of a token tree) are gathered to its front first, so a row
-        keeps no hole before its newest token: one row never keeps a hole."""
+        keeps no hole before its newest token: one row never keeps a hole. `gather=False` says that every row's
+        kept slots are the first of its query already (chains), which saves the check."""
         new_valid = new_valid.to(self.valid.device)
         if bool(new_valid.all()):  # every slot kept (a chain): no gather, no new hole, nothing to trim
             self.valid = torch.cat([self.valid, new_valid], dim=1)
             self.lengths = self.lengths + new_valid.shape[1]
             return
-        kept_first = torch.sort(new_valid.to(torch.uint8), dim=1, descending=True, stable=True)
-        if not torch.equal(kept_first.values.bool(), new_valid):
-            self._gather_tail(kept_first.indices)
-            new_valid = kept_first.values.bool()
+        if gather:
+            kept_first = torch.sort(new_valid.to(torch.uint8), dim=1, descending=True, stable=True)
+            if not torch.equal(kept_first.values.bool(), new_valid):
+                self._gather_tail(kept_first.indices)
+                new_valid = kept_first.values.bool()
         self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.lengths = self.valid.sum(dim=1)
+        self.lengths = self.lengths + new_valid.sum(dim=1)
         self._trim()
 
     def _gather_tail(self, order: torch.LongTensor) -> None:

@@ -3,6 +3,7 @@
 import torch
 
 from .cache import DEFAULT_MAX_HOLES, RaggedCache, truncate
+from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
 from .metrics import SpeculativeStats, clock
@@ -11,7 +12,6 @@ from .query import Query
 from .sampling import row_processors, process_logits
 from .schedules import DraftLengthSchedule
 from .target import TargetForward
-from .types import Draft
 from .verifiers import Verifier
 
 
@@ -109,17 +109,18 @@ class SpeculativeLoop:
         query = Query.from_drafts(pending.to(self.device), drafts, self.pad_token_id)
         logits = self.target(self.cache, query, resume)  # [rows, num_query, vocab]
         # 3. per row: logits processors, verification, commit until a stopping criterion
-        keep = torch.zeros_like(query.valid)
-        keep[:, 0] = True  # every row's pending token is now committed
-        finished, accepted = [], []
+        finished, accepted, kept_slots = [], [], []
         for i, (row, draft) in enumerate(zip(rows, drafts)):
             nodes, done = self._verify_and_commit(row, draft, logits[i, : draft.num_nodes + 1], budgets[i])
-            keep[i, 1 + nodes.cpu()] = True
+            kept_slots.append([0] + [1 + node for node in nodes])  # the pending token, then the accepted path
             finished.append(done)
             accepted.append(len(nodes))
+        keep = torch.zeros_like(query.valid)
+        keep[[i for i, slots in enumerate(kept_slots) for _ in slots], [j for slots in kept_slots for j in slots]] = (
+            True)
         # 4. the drafter reads what it needs of the forward; each row's cache keeps its committed slots
         self._feedback(keep, query, logits, accepted)
-        self.cache.append(keep)
+        self.cache.append(keep, gather=query.visible is not None)  # a chain's kept slots come first already
         if any(finished):
             self.running = [row for row, done in zip(rows, finished) if not done]
             if self.running:  # one row's cache stays for the output
@@ -135,21 +136,22 @@ class SpeculativeLoop:
         return not self.running
 
     def _verify_and_commit(self, row: int, draft: Draft, logits: torch.FloatTensor,
-                           budget: int) -> tuple[torch.LongTensor, bool]:
+                           budget: int) -> tuple[list[int], bool]:
         """Verifies row `row`'s draft against its logits `(num_nodes + 1, vocab)` and commits the new tokens.
 
-        Returns the accepted nodes `(num_accepted,)` and whether the row finished."""
+        Returns the accepted nodes, root to leaf, and whether the row finished."""
         prefixes = draft.tree.prefixes(self.sequences[row], draft.token_ids, range(-1, draft.num_nodes))
         scores = process_logits(self.processors[row], prefixes, logits)  # [num_nodes + 1, vocab]
         verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
-        scored_by = [0] + [node + 1 for node in verdict.accepted_nodes.tolist()]  # the scores row of each new token
+        nodes = verdict.accepted_nodes.tolist()
+        scored_by = [0] + [node + 1 for node in nodes]  # the scores row of each new token
         self.sequences[row], committed, finished = commit_tokens(self.sequences[row], new_tokens, scores[scored_by],
                                                                  self.stopping_criteria)
         self._extra_outputs(new_tokens[:committed], scored_by[:committed], scores, logits)
         self.row_stats[row].record(draft.num_nodes, min(verdict.num_accepted, committed), committed,
                                    depth=draft.tree.depth, draft_length=budget)
-        return verdict.accepted_nodes, finished
+        return nodes, finished
 
     def _extra_outputs(self, new_tokens: torch.LongTensor, scored_by: list[int], scores, logits) -> None:
         """Streams the committed tokens and keeps their scores and logits, when asked (one row only)."""

@@ -21,7 +21,8 @@ class SpeculativeStats:
         num_target_forwards (`int`): target forwards, the prefill included.
         num_steps (`int`): verification steps (one target forward each).
         num_drafts (`int`): steps whose draft had at least one token.
-        num_draft_tokens (`int`): draft tokens (tree nodes) proposed, over all steps.
+        num_drafted_tokens (`int`): draft tokens (tree nodes) proposed, over all steps (the per-step setting is
+            the drafter's `num_draft_tokens`).
         num_accepted_tokens (`int`): draft tokens accepted, over all steps.
         num_generated_tokens (`int`): tokens added to the sequence (accepted, bonus and recovered tokens).
         drafted_per_position (`list[int]`): entry i counts drafts with a token at position (tree: depth) i.
@@ -44,7 +45,7 @@ class SpeculativeStats:
     num_target_forwards: int = 0
     num_steps: int = 0
     num_drafts: int = 0
-    num_draft_tokens: int = 0
+    num_drafted_tokens: int = 0
     num_accepted_tokens: int = 0
     num_generated_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
@@ -60,7 +61,7 @@ class SpeculativeStats:
 
     def add(self, other: "SpeculativeStats") -> None:
         """Adds the step and token counts of `other` (a row of a batch) to these; forwards and timings stay."""
-        for name in ("num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_generated_tokens"):
+        for name in ("num_steps", "num_drafts", "num_drafted_tokens", "num_accepted_tokens", "num_generated_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_per_position", "accepted_per_position", "draft_lengths"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -68,22 +69,22 @@ class SpeculativeStats:
             for i, count in enumerate(theirs):
                 mine[i] += count
 
-    def record(self, num_draft_tokens: int, num_accepted: int, num_generated: int, depth: int | None = None,
+    def record(self, num_nodes: int, num_accepted: int, num_generated: int, depth: int | None = None,
                draft_length: int | None = None) -> None:
-        """Adds one verification step that proposed `num_draft_tokens` and accepted `num_accepted` of them.
+        """Adds one verification step that proposed `num_nodes` draft tokens and accepted `num_accepted` of them.
 
-        `depth` is the longest path of a tree draft (default: `num_draft_tokens`, a chain); the per-position
+        `depth` is the longest path of a tree draft (default: `num_nodes`, a chain); the per-position
         figures count depths, so for a tree position i is "a node at depth i". `draft_length` is the length the
         step asked the drafter for (default: `depth`).
         """
-        depth = num_draft_tokens if depth is None else depth
+        depth = num_nodes if depth is None else depth
         draft_length = depth if draft_length is None else draft_length
         self.draft_lengths += [0] * (draft_length + 1 - len(self.draft_lengths))
         self.draft_lengths[draft_length] += 1
         self.num_steps += 1
         self.num_target_forwards += 1
-        self.num_drafts += num_draft_tokens > 0
-        self.num_draft_tokens += num_draft_tokens
+        self.num_drafts += num_nodes > 0
+        self.num_drafted_tokens += num_nodes
         self.num_accepted_tokens += num_accepted
         self.num_generated_tokens += num_generated
         missing = depth - len(self.drafted_per_position)
@@ -96,7 +97,7 @@ class SpeculativeStats:
     @property
     def acceptance_rate(self) -> float:
         """Accepted draft tokens over proposed draft tokens (0.0 when nothing was proposed)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return self.num_accepted_tokens / self.num_drafted_tokens if self.num_drafted_tokens else 0.0
 
     @property
     def mean_acceptance_length(self) -> float:

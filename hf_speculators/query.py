@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import RaggedCache
-from .types import Draft
+from .draft import Draft
 
 
 @dataclass
@@ -57,29 +57,28 @@ class Query:
     def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int) -> "Query":
         """The verification query of a step: each row's pending token `pending[i]` (shape `(batch_size,)`), its
         draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row."""
-        widths = [1 + draft.num_nodes + draft.num_extra for draft in drafts]
+        rows = [torch.cat([pending[i : i + 1], draft.token_ids.to(pending.device)]
+                          + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
+                for i, draft in enumerate(drafts)]
+        widths = [len(row) for row in rows]
         num_query, batch_size = max(widths), len(drafts)
-        input_ids = torch.full((batch_size, num_query), pad_token_id, dtype=torch.long, device=pending.device)
-        input_ids[:, 0] = pending
+        input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
         valid = torch.arange(num_query) < torch.tensor(widths)[:, None]
-        trees = any(not draft.is_chain or draft.num_extra for draft in drafts)
+        num_verified = [1 + draft.num_nodes for draft in drafts]
+        if not any(not draft.is_chain or draft.num_extra for draft in drafts):  # chains: slot j at offset j
+            return cls(input_ids, valid, torch.arange(num_query).expand(batch_size, -1), None, num_verified)
         offsets = torch.zeros(batch_size, num_query, dtype=torch.long)
-        visible = torch.zeros(batch_size, num_query, num_query, dtype=torch.bool) if trees else None
+        visible = torch.zeros(batch_size, num_query, num_query, dtype=torch.bool)
+        visible[:, :, 0] = True  # every slot sees the pending token
         for i, draft in enumerate(drafts):
             n = draft.num_nodes
-            input_ids[i, 1 : 1 + n] = draft.token_ids
             offsets[i, 1 : 1 + n] = draft.tree.depths.cpu() + 1
-            if visible is not None:
-                visible[i, :, 0] = True  # every slot sees the pending token
-                visible[i, 1 : 1 + n, 1 : 1 + n] = draft.tree.ancestors.cpu()
+            visible[i, 1 : 1 + n, 1 : 1 + n] = draft.tree.ancestors.cpu()
             if draft.num_extra:
                 extra = slice(1 + n, widths[i])
-                input_ids[i, extra] = draft.extra_token_ids
                 offsets[i, extra] = draft.extra_offsets.cpu()
                 visible[i, extra, : widths[i]] = draft.extra_visible.cpu()
-        if visible is not None:
-            visible &= valid[:, None, :]
-        return cls(input_ids, valid, offsets, visible, [1 + draft.num_nodes for draft in drafts])
+        return cls(input_ids, valid, offsets, visible & valid[:, None, :], num_verified)
 
 
 @functools.cache

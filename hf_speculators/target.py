@@ -9,8 +9,8 @@ start at its exit layer from the hidden states it drafted with (`Resume`), so no
 import torch
 
 from .cache import RaggedCache, truncate_layers
+from .decoder_layers import DecoderLayers
 from .drafters.base import Resume, TargetNeeds
-from .layers import DecoderLayers
 from .query import Query, forward
 
 

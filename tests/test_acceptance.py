@@ -27,7 +27,7 @@ def expected_num_steps(num_correct: int, num_draft_tokens: int, max_new_tokens: 
 
 def assert_stats_match_proposals(stats, drafter) -> None:
     """What the stats say was proposed is what the drafter returned."""
-    assert stats.num_draft_tokens == sum(map(len, drafter.proposals))
+    assert stats.num_drafted_tokens == sum(map(len, drafter.proposals))
     assert stats.num_drafts == sum(1 for p in drafter.proposals if p)
     assert stats.num_generated_tokens == MAX_NEW_TOKENS
     assert stats.num_target_forwards == stats.num_steps + 1  # the prefill
@@ -39,11 +39,11 @@ def test_oracle_drafts_are_all_accepted(zoo, arch, num_draft_tokens):
     out, drafter = check_exact(zoo, arch, "random", "oracle", num_draft_tokens)
     stats = out.speculative_stats
     assert_stats_match_proposals(stats, drafter)
-    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
+    assert stats.num_accepted_tokens == stats.num_drafted_tokens > 0
     assert stats.acceptance_rate == 1.0
     assert stats.accepted_per_position == stats.drafted_per_position
     assert stats.num_steps == expected_num_steps(num_draft_tokens, num_draft_tokens)
-    assert stats.mean_acceptance_length == 1 + stats.num_draft_tokens / stats.num_drafts
+    assert stats.mean_acceptance_length == 1 + stats.num_drafted_tokens / stats.num_drafts
 
 
 @pytest.mark.parametrize("num_draft_tokens", NUM_DRAFT_TOKENS)
@@ -52,7 +52,7 @@ def test_adversary_drafts_are_never_accepted(zoo, arch, num_draft_tokens):
     out, drafter = check_exact(zoo, arch, "random", "adversary", num_draft_tokens)
     stats = out.speculative_stats
     assert_stats_match_proposals(stats, drafter)
-    assert stats.num_draft_tokens > 0
+    assert stats.num_drafted_tokens > 0
     assert stats.num_accepted_tokens == 0
     assert stats.acceptance_rate == 0.0
     assert stats.mean_acceptance_length == 1.0
@@ -95,5 +95,5 @@ def test_noisy_draft_model_is_partly_accepted(zoo, arch):
     """The noisy draft exercises what the small random draft cannot: drafts accepted up to a middle position."""
     out, _ = check_exact(zoo, arch, "random", "noisy_draft_model", 4)
     stats = out.speculative_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
     assert 0 < stats.accepted_per_position[1] < stats.drafted_per_position[1]

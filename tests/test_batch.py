@@ -142,7 +142,7 @@ def test_stats_per_row_add_up(zoo):
     out = batched(zoo.target("llama"), scripted(zoo, "llama", BATCH_PROMPTS, 3, max_new_tokens=MAX_NEW_TOKENS))
     stats, rows = out.speculative_stats, out.speculative_stats.row_stats
     assert len(rows) == 3 and all(row.num_generated_tokens == MAX_NEW_TOKENS for row in rows)
-    for name in ("num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_generated_tokens"):
+    for name in ("num_steps", "num_drafts", "num_drafted_tokens", "num_accepted_tokens", "num_generated_tokens"):
         assert getattr(stats, name) == sum(getattr(row, name) for row in rows), name
     assert stats.to_dict()["row_stats"][1]["num_accepted_tokens"] == rows[1].num_accepted_tokens
 

@@ -38,7 +38,7 @@ def test_rows_equal_their_own_greedy_output(zoo, arch, kind, num_draft_tokens):
     assert_rows_match_references(zoo, arch, output)
     if kind == "noisy_draft_model":  # partly accepted: both verification outcomes ran
         stats = output.speculative_stats
-        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+        assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree"])
@@ -97,7 +97,7 @@ def test_tree_rows_equal_their_own_greedy_output(zoo, arch, shape):
     assert_rows_match_references(zoo, arch, output)
     stats = output.speculative_stats
     assert stats.mean_acceptance_length > 1.5  # the noisy draft agrees often: tree paths are accepted
-    assert stats.num_draft_tokens > sum(stats.drafted_per_position)  # more nodes than depths: trees were drafted
+    assert stats.num_drafted_tokens > sum(stats.drafted_per_position)  # more nodes than depths: trees were drafted
 
 
 def test_each_rows_tree_is_the_tree_it_gets_alone(zoo):
@@ -153,7 +153,7 @@ def sampled_joint_counts(zoo, make_drafter, num_runs: int, temperature: float) -
         for i, row in enumerate(out.sequences[:, width:].tolist()):
             counts[i % len(SAMPLING_PROMPTS)][row[0], row[1]] += 1
         num_accepted += out.speculative_stats.num_accepted_tokens
-        num_draft_tokens += out.speculative_stats.num_draft_tokens
+        num_draft_tokens += out.speculative_stats.num_drafted_tokens
     return counts, joints, num_accepted, num_draft_tokens
 
 

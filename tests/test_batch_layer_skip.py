@@ -10,7 +10,7 @@ from hf_speculators import loop
 from hf_speculators.cache import RaggedCache
 from hf_speculators.query import Query
 from hf_speculators.target import TargetForward
-from hf_speculators.layers import DecoderLayers
+from hf_speculators.decoder_layers import DecoderLayers
 from batch_helpers import PAD, batched_generate, laid_out
 from speculative_helpers import PROMPTS
 from tiny_models import VOCAB_SIZE, build_model
@@ -117,7 +117,7 @@ def test_a_confidence_threshold_and_a_draft_vocabulary_stay_exact(deep_targets, 
     out = batched(model, drafter)
     assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()
     stats = out.speculative_stats
-    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some rows' drafts stopped early
+    assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some rows' drafts stopped early
 
 
 def test_batched_sampling_is_seeded(deep_targets):

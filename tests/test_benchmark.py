@@ -273,7 +273,7 @@ def test_chat_template_wraps_the_prompt(target, tokenizer):
 def test_summarize_pools_totals():
     def record(category, method, tokens, seconds, accepted=None):
         keys = ("num_drafts", "num_accepted_tokens", "drafted_per_position", "accepted_per_position",
-                "num_draft_tokens", "draft_time")
+                "num_drafted_tokens", "draft_time")
         values = (2, accepted, [2, 1], [accepted, 0], 3, 0.03) if accepted is not None else (None,) * len(keys)
         return {"category": category, "method": method, "new_tokens": tokens, "seconds": seconds,
                 "forward_seconds": 0.9 * seconds, "identical_to_plain": True, **dict(zip(keys, values))}

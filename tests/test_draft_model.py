@@ -35,7 +35,7 @@ def test_all_accepting_draft_runs_k_forwards_per_step(zoo, arch):
     tokens it has not seen (the last draft token and the bonus token) and drafts k tokens in k forwards."""
     k, steps = 4, 5
     stats, lengths = generate_recording_draft_forwards(zoo, arch, copy.deepcopy(zoo.target(arch)), k, steps * (k + 1))
-    assert stats.num_accepted_tokens == stats.num_draft_tokens == steps * k
+    assert stats.num_accepted_tokens == stats.num_drafted_tokens == steps * k
     assert stats.num_drafts == steps
     assert len(lengths) == steps * k
     # step 1: the prompt once, then one token per forward; later steps: 2 new tokens, then one per forward
@@ -47,8 +47,8 @@ def test_rejecting_draft_rolls_its_cache_back_instead_of_prefilling(zoo, arch):
     """A smaller draft gets tokens rejected: its cache is cropped to the accepted prefix, never rebuilt."""
     k = 4
     stats, lengths = generate_recording_draft_forwards(zoo, arch, zoo.draft(arch), k, 24)
-    assert stats.num_accepted_tokens < stats.num_draft_tokens  # rejections happened
-    assert len(lengths) == stats.num_draft_tokens  # one forward per draft token
+    assert stats.num_accepted_tokens < stats.num_drafted_tokens  # rejections happened
+    assert len(lengths) == stats.num_drafted_tokens  # one forward per draft token
     assert lengths[0] == PROMPT_LENGTH
     assert max(lengths[1:]) <= 2  # after the prefill: never more than the two tokens the draft has not seen
 

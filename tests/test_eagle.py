@@ -133,7 +133,7 @@ def test_a_partly_right_head_is_accepted_and_stays_exact(targets, fitted, prompt
     out, drafter = run(targets["llama"], fitted, prompt, num_draft_tokens=3, tree=tree)
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids(prompt)))
     stats = out.speculative_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
     check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
 
 

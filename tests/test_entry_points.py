@@ -201,7 +201,7 @@ def test_custom_stopping_criteria(zoo, enabled_target, entry_point):
 
 
 STATS_FIELDS = {
-    "num_target_forwards", "num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+    "num_target_forwards", "num_steps", "num_drafts", "num_drafted_tokens", "num_accepted_tokens",
     "num_generated_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time",
     "lossless", "verifier", "drafter",
 }
@@ -221,7 +221,7 @@ def test_speculative_stats_fields(zoo, enabled_target, do_sample):
     assert stats.drafter == repr(drafter)
     assert stats.num_generated_tokens == out.sequences.shape[1] - PROMPT_LENGTH == MAX_NEW_TOKENS
     assert stats.num_generated_tokens == stats.num_accepted_tokens + stats.num_steps  # no stop mid-step here
-    assert stats.num_draft_tokens == sum(stats.drafted_per_position)
+    assert stats.num_drafted_tokens == sum(stats.drafted_per_position)
     assert stats.num_accepted_tokens == sum(stats.accepted_per_position)
     assert stats.draft_time > 0 and stats.verify_time > 0
     json.dumps(stats.to_dict())

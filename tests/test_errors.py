@@ -104,7 +104,7 @@ def test_padded_draft_vocabulary_is_allowed_with_equal_tokenizers(zoo, tokenizer
     drafter = hs.DraftModelDrafter(padded_draft, num_draft_tokens=3, draft_tokenizer=build_tokenizer())
     out = speculative_call(zoo, drafter, target_tokenizer=tokenizer, return_dict_in_generate=True)
     assert out.sequences.shape[1] == PROMPT_LENGTH + 5
-    assert out.speculative_stats.num_draft_tokens > 0
+    assert out.speculative_stats.num_drafted_tokens > 0
     # without the tokenizers the sizes cannot be reconciled
     with pytest.raises(ValueError, match=r"vocabulary of 128 tokens"):
         speculative_call(zoo, hs.DraftModelDrafter(padded_draft, num_draft_tokens=3))

@@ -69,7 +69,7 @@ def test_one_sequence_gets_the_full_forward_hidden_states(zoo, arch, shape):
     drafter = RecordingDrafter([inner(shape, reference)])
     out = speculative_generate(target, prompt_ids("random"), drafter, return_dict_in_generate=True)
     assert_same_tokens(out.sequences, reference)
-    assert 0 < out.speculative_stats.num_accepted_tokens < out.speculative_stats.num_draft_tokens
+    assert 0 < out.speculative_stats.num_accepted_tokens < out.speculative_stats.num_drafted_tokens
     check_row(drafter, target, 0, out.sequences)
 
 

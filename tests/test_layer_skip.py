@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache, GemmaConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 import hf_speculators as hs
+from hf_speculators.decoder_layers import DecoderLayers
 from speculative_helpers import plain_generate, prompt_ids, speculative_generate
 from tiny_models import build_model
 
@@ -45,7 +46,7 @@ def test_a_confidence_threshold_shortens_drafts_and_stays_exact(deep_targets, ar
     out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True)
     assert out.sequences.tolist() == expected.tolist()
     stats = out.speculative_stats
-    assert stats.num_draft_tokens < 6 * stats.num_drafts  # some drafts stopped early
+    assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some drafts stopped early
     assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
 
 
@@ -55,7 +56,7 @@ def test_early_exits_of_random_models_are_sometimes_accepted(deep_targets):
     out = speculative_generate(deep_targets["llama"], prompt_ids("random"), drafter, max_new_tokens=MAX_NEW_TOKENS,
                                return_dict_in_generate=True)
     stats = out.speculative_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
 
 
 @pytest.mark.parametrize("arch", LAYERWISE_ARCHS)
@@ -66,7 +67,7 @@ def test_every_layer_sees_every_token_once_and_no_full_forward_runs_after_prefil
     the same tokens), and the whole model's forward runs only for the prefill and a step without a draft.
     """
     model = deep_targets[arch]
-    layers = hs.layers.DecoderLayers(model).layers
+    layers = DecoderLayers(model).layers
     tokens_per_layer = [0] * NUM_LAYERS
     full_forwards = []
 
@@ -89,7 +90,7 @@ def test_every_layer_sees_every_token_once_and_no_full_forward_runs_after_prefil
     # the prefill, and the last step if the length budget left no room for a draft
     assert len(full_forwards) == 1 + stats.num_steps - stats.num_drafts
     # per step: the pending token and the k draft tokens
-    assert tokens_per_layer == [prefill + stats.num_steps + stats.num_draft_tokens] * NUM_LAYERS
+    assert tokens_per_layer == [prefill + stats.num_steps + stats.num_drafted_tokens] * NUM_LAYERS
 
 
 def test_rejection_sampling_with_layer_skip_is_seeded_and_keeps_the_cache_consistent(deep_targets):
@@ -142,7 +143,7 @@ def test_an_interrupted_step_leaves_every_layer_of_the_cache_as_before_the_step(
         processors = LogitsProcessorList([RaiseAtCall(3)])  # the third draft token: layers < 2 hold two more
     else:
         processors = LogitsProcessorList()
-        failing = hs.layers.DecoderLayers(model).layers[3]  # after layer 2 has cached the step's tokens
+        failing = DecoderLayers(model).layers[3]  # after layer 2 has cached the step's tokens
         calls = []
 
         def fail(module, args, kwargs):
@@ -187,7 +188,7 @@ def test_a_model_type_it_does_not_know_raises_naming_it():
     model = torch.nn.Module()
     model.config = config
     with pytest.raises(ValueError, match=r"this model is 'gemma', whose forward may do more .*scaled embeddings"):
-        hs.layers.DecoderLayers(model)
+        DecoderLayers(model)
 
 
 def test_a_model_without_a_final_norm_raises_naming_what_is_missing():
@@ -195,7 +196,7 @@ def test_a_model_without_a_final_norm_raises_naming_what_is_missing():
     model.model.norm = None
     with pytest.raises(ValueError, match=r"LlamaModel has no final norm \(looked for the attribute norm / "
                                          r"final_layer_norm / ln_f\)"):
-        hs.layers.DecoderLayers(model)
+        DecoderLayers(model)
 
 
 def test_sliding_window_layers_shorter_than_max_length_raise():

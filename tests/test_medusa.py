@@ -124,7 +124,7 @@ SHAPES = {"chain": lambda k: (None, k), "medusa": lambda k: ("medusa", min(k, 4)
 def test_greedy_output_is_the_targets(zoo, medusa, arch, fmt, shape, k):
     tree, num_draft_tokens = SHAPES[shape](k)
     stats = run_exact(zoo, medusa, arch, fmt, tree, num_draft_tokens)[0].speculative_stats
-    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # accepted and rejected drafts both occur
+    assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens  # accepted and rejected drafts both occur
 
 
 @pytest.mark.parametrize("tree", [None, "medusa"], ids=["chain", "tree"])

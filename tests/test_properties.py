@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hf_speculators as hs
-from hf_speculators.types import Draft
+from hf_speculators.draft import Draft
 
 VOCAB = 6
 FEW = settings(max_examples=40, deadline=None, database=None, derandomize=True, print_blob=False)

@@ -229,7 +229,7 @@ def test_a_quantized_target_reproduces_its_own_greedy_output(quantized_zoo, arch
     assert_same_tokens(out.sequences, quantized_zoo.reference(arch, mode))
     assert_cache_matches_sequence(out)
     stats = out.speculative_stats
-    assert stats.num_draft_tokens > stats.num_accepted_tokens  # some draft tokens were rejected and rolled back
+    assert stats.num_drafted_tokens > stats.num_accepted_tokens  # some draft tokens were rejected and rolled back
 
 
 @pytest.mark.parametrize(("arch", "mode"), [case for case in CASES if case[0] != "gpt2"])

@@ -21,7 +21,7 @@ def test_record_accumulates_counts():
     stats = recorded()
     assert stats.num_steps == stats.num_target_forwards == 5
     assert stats.num_drafts == 4  # the empty draft is a step but not a draft
-    assert stats.num_draft_tokens == 15
+    assert stats.num_drafted_tokens == 15
     assert stats.num_accepted_tokens == 8
     assert stats.num_generated_tokens == 13
 

@@ -234,7 +234,7 @@ def test_tree_drafter_is_exact(zoo, arch, tree_shape):
     assert_cache_matches_sequence(out)
     stats = out.speculative_stats
     assert stats.mean_acceptance_length > 1.5  # the noisy draft agrees often: the tree path really is exercised
-    assert stats.num_draft_tokens > sum(stats.drafted_per_position)  # more nodes than depths: trees were drafted
+    assert stats.num_drafted_tokens > sum(stats.drafted_per_position)  # more nodes than depths: trees were drafted
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -252,7 +252,7 @@ def test_multi_candidate_prompt_lookup_is_exact(zoo, arch):
     chain = speculative(target, input_ids, hs.PromptLookupDrafter(num_draft_tokens=4, max_ngram_size=2),
                         return_dict_in_generate=True)
     assert_same_tokens(chain.sequences, reference)
-    assert out.speculative_stats.num_draft_tokens > chain.speculative_stats.num_draft_tokens
+    assert out.speculative_stats.num_drafted_tokens > chain.speculative_stats.num_drafted_tokens
 
 
 def test_tree_with_logits_processors_and_scores(zoo):

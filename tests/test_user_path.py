@@ -393,7 +393,7 @@ def test_plot_benchmark_takes_records_in_memory(tmp_path):
     record = {"method": "plain", "category": "all", "new_tokens": 4, "seconds": 1.0, "num_drafts": None,
               "forward_seconds": 0.5, "identical_to_plain": True, "draft_time": None}
     fast = {**record, "method": "prompt-lookup", "seconds": 0.5, "num_drafts": 2, "num_accepted_tokens": 2,
-            "drafted_per_position": [2], "accepted_per_position": [2], "num_draft_tokens": 2, "draft_time": 0.1}
+            "drafted_per_position": [2], "accepted_per_position": [2], "num_drafted_tokens": 2, "draft_time": 0.1}
     plot_benchmark([record, fast], tmp_path / "figure.svg")
     assert (tmp_path / "figure.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")
 

@@ -8,8 +8,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..cache import RaggedCache
+from ..draft import Draft
 from ..sampling import process_logits, sample
-from ..types import Draft
 
 
 @dataclass(frozen=True)

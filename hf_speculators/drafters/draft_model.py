@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import RaggedCache, check_batch_support, prepare_cache
+from ..draft import Draft
 from ..quantization import quantized_copy
 from ..query import Query, forward
-from ..types import Draft
 from .base import Drafter, DraftState
 
 

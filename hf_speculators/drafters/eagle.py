@@ -8,10 +8,10 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..cache import RaggedCache, rollback
+from ..draft import Draft
 from ..heads.eagle import check_head_fits
 from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
-from ..types import Draft
 from ..vocab import widen_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from ..types import Draft
+from ..draft import Draft
 from .base import Drafter, DraftState
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..types import Draft
+from ..draft import Draft
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 
 SOURCES = ("model_free", "model")

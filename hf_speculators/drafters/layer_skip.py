@@ -7,8 +7,8 @@ import torch
 
 from ..cache import check_layerwise_support, truncate_layers
 from ..checks import CUSTOM_MASK_ATTENTION
-from ..layers import DecoderLayers
-from ..types import Draft
+from ..decoder_layers import DecoderLayers
+from ..draft import Draft
 from ..vocab import DraftVocabHead, check_draft_vocab
 from .base import Drafter, DraftState, Resume
 

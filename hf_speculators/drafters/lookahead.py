@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tree import trie_from_sequences
-from ..types import Draft
+from ..draft import Draft
 from .base import Drafter, DraftState, StepFeedback
 
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..draft import Draft
 from ..heads.files import head_folder
 from ..heads.medusa import MedusaHeads
 from ..heads.medusa_formats import read_medusa_heads
-from ..types import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .draft_model import vocabulary_size
 from .head import HeadDrafter

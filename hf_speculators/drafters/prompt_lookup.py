@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..draft import Draft
 from ..tree import trie_from_sequences
-from ..types import Draft
 from .base import Drafter, DraftState
 
 MATCH_RULES = ("latest", "earliest")

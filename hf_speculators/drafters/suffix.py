@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..folders import write_folder
-from ..types import Draft
+from ..draft import Draft
 from .base import Drafter, DraftState
 from .prompt_lookup import NgramIndex
 

@@ -5,10 +5,10 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from ..cache import check_tree_support
+from ..draft import Draft
 from ..query import Query
 from ..sampling import process_logits
 from ..tree import TokenTree, tree_from_paths
-from ..types import Draft
 from .draft_model import DraftModelDrafter, DraftModelState
 
 

@@ -1,6 +1,6 @@
 """Verifiers and their registry: `verifier=` takes a name from `VERIFIERS` or a `Verifier` object."""
 
-from .base import NodewiseVerifier, Verifier
+from .base import NodewiseVerifier, Verdict, Verifier
 from .exact import ExactVerifier
 from .rejection import RejectionVerifier
 from .top_k import TopKVerifier
@@ -40,5 +40,5 @@ def resolve_verifier(verifier: "str | Verifier | None", do_sample: bool) -> Veri
 
 __all__ = [
     "VERIFIERS", "ExactVerifier", "NodewiseVerifier", "RejectionVerifier", "TopKVerifier", "TypicalVerifier",
-    "Verifier", "resolve_verifier",
+    "Verdict", "Verifier", "resolve_verifier",
 ]

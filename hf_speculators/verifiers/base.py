@@ -1,9 +1,31 @@
 """The verifier interface: a pure function of a draft and the target's scores."""
 
+from dataclasses import dataclass
+
 import torch
 
+from ..draft import Draft
 from ..sampling import sample
-from ..types import Draft, Verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verifier kept of a draft.
+
+    Args:
+        accepted_nodes (`torch.LongTensor` of shape `(num_accepted,)`):
+            Indices into the draft's nodes of the accepted path, root to leaf (`arange(num_accepted)` for a chain).
+        next_token (`torch.LongTensor` of shape `()`):
+            The token the target adds after the accepted path: the bonus token when every node on the path was
+            accepted up to a leaf, otherwise the recovered (corrected) token.
+    """
+
+    accepted_nodes: torch.LongTensor
+    next_token: torch.LongTensor
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_nodes)
 
 
 class Verifier:

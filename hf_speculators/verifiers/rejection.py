@@ -2,9 +2,9 @@
 
 import torch
 
+from ..draft import Draft
 from ..sampling import one_hot_probs, probabilities, residual_distribution, sample
-from ..types import Draft, Verdict
-from .base import Verifier
+from .base import Verdict, Verifier
 
 
 class RejectionVerifier(Verifier):

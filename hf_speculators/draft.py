@@ -1,4 +1,4 @@
-"""The two values that cross the drafter/verifier boundary: a `Draft` and a `Verdict`."""
+"""What a drafter proposes for one step: a `Draft` (a chain or a token tree, with unverified tokens if asked)."""
 
 from dataclasses import dataclass
 from functools import cached_property
@@ -98,23 +98,3 @@ class Draft:
     @property
     def is_chain(self) -> bool:
         return self.tree.is_chain
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a verifier kept of a draft.
-
-    Args:
-        accepted_nodes (`torch.LongTensor` of shape `(num_accepted,)`):
-            Indices into the draft's nodes of the accepted path, root to leaf (`arange(num_accepted)` for a chain).
-        next_token (`torch.LongTensor` of shape `()`):
-            The token the target adds after the accepted path: the bonus token when every node on the path was
-            accepted up to a leaf, otherwise the recovered (corrected) token.
-    """
-
-    accepted_nodes: torch.LongTensor
-    next_token: torch.LongTensor
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.accepted_nodes)
