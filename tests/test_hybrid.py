@@ -31,7 +31,7 @@ def test_greedy_output_is_exact_and_a_repeat_drafts_from_memory(zoo):
         sources = stats.drafter_stats
         accepted = sum(source["accepted_tokens"] for source in sources.values())
         assert stats.num_accepted_tokens <= accepted <= stats.num_accepted_tokens + 8  # the length limit cuts
-        assert sum(source["draft_tokens"] for source in sources.values()) == stats.num_draft_tokens
+        assert sum(source["drafted_tokens"] for source in sources.values()) == stats.num_drafted_tokens
         figures.append(sources)
     assert figures[0]["model"]["steps"] > figures[0]["model_free"]["steps"]
     assert figures[1]["model_free"]["steps"] > 0

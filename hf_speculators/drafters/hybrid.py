@@ -20,7 +20,7 @@ class HybridState(DraftState):
         model_free (`DraftState`): the model-free drafter's state.
         model (`DraftState`): the model drafter's state.
         last (`dict[int, str]`): per row, the source of the draft of the step in flight.
-        figures (`dict[str, list[int]]`): per source, `[steps, draft tokens, accepted tokens]` so far.
+        figures (`dict[str, list[int]]`): per source, `[steps, drafted tokens, accepted tokens]` so far.
     """
 
     model_free: DraftState | None = None
@@ -50,7 +50,7 @@ class HybridDrafter(Drafter):
     them, reach it after every step, whichever source drafted.
 
     The call's `SpeculativeStats.drafter_stats` holds, per source (`"model_free"`, `"model"`), the steps it drafted
-    (`steps`), its draft tokens (`draft_tokens`) and its accepted tokens (`accepted_tokens`, as the verifier counted
+    (`steps`), its draft tokens (`drafted_tokens`) and its accepted tokens (`accepted_tokens`, as the verifier counted
     them: where a stopping criterion kept fewer, `SpeculativeStats.num_accepted_tokens` counts those kept).
 
     Args:
@@ -122,7 +122,7 @@ class HybridDrafter(Drafter):
         """Lets both drafters finish (suffix decoding keeps the outputs) and returns the figures per source."""
         self.model_free.finish(state.model_free, sequences, prompt_lengths)
         self.model_drafter.finish(state.model, sequences, prompt_lengths)
-        names = ("steps", "draft_tokens", "accepted_tokens")
+        names = ("steps", "drafted_tokens", "accepted_tokens")
         return {source: dict(zip(names, figures)) for source, figures in state.figures.items()}
 
     def __repr__(self) -> str:
