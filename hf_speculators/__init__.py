@@ -3,8 +3,8 @@
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, LayerSkipDrafter, MedusaDrafter,
-    PromptLookupDrafter, StaticTree, TreeDrafter,
+    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
+    LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .draft import Draft
 from .metrics import SpeculativeStats
@@ -33,10 +33,12 @@ __all__ = [
     "Drafter",
     "EagleDrafter",
     "LayerSkipDrafter",
+    "LookaheadDrafter",
     "MedusaDrafter",
     "DynamicTree",
     "ExactVerifier",
     "GoodputSchedule",
+    "HybridDrafter",
     "NodewiseVerifier",
     "PromptLookupDrafter",
     "RejectionVerifier",
@@ -44,6 +46,7 @@ __all__ = [
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
     "StaticTree",
+    "SuffixDrafter",
     "TokenTree",
     "TopKVerifier",
     "TreeDrafter",

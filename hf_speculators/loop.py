@@ -59,6 +59,7 @@ class SpeculativeLoop:
         start = clock(self.device)
         batch_size = input_ids.shape[0]
         self.sequences = list(input_ids.split(1))  # [1, length] per row, left padding included
+        self.prompt_width = input_ids.shape[1]
         self.num_pads = num_pads
         self.row_stats = [SpeculativeStats(lossless=self.stats.lossless, verifier=self.stats.verifier,
                                            drafter=self.stats.drafter) for _ in num_pads]
@@ -118,7 +119,7 @@ class SpeculativeLoop:
         keep[[i for i, slots in enumerate(kept_slots) for _ in slots], [j for slots in kept_slots for j in slots]] = (
             True)
         # 4. the drafter reads what it needs of the forward; each row's cache keeps its committed slots
-        self._feedback(keep, query, logits)
+        self._feedback(keep, query, logits, accepted)
         self.cache.append(keep, gather=query.visible is not None)  # a chain's kept slots come first already
         if any(finished):
             self.running = [row for row, done in zip(rows, finished) if not done]
@@ -161,12 +162,14 @@ class SpeculativeLoop:
         if self.streamer is not None:
             self.streamer.put(new_tokens.cpu())
 
-    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None) -> None:
-        """Hands the drafter the features of each row's kept slots and the logits of its unverified tokens."""
+    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None,
+                  accepted: list[int] | None = None) -> None:
+        """Hands the drafter the features of each row's kept slots, the logits of its unverified tokens and, after a
+        step, each row's accepted draft tokens (after a prefill: only when it reads features)."""
         features = self.target.features
         extra = query is not None and query.visible is not None and any(
             int(query.valid[i].sum()) > n for i, n in enumerate(query.num_verified))
-        if features is None and not extra:
+        if features is None and not extra and accepted is None:
             return
         rows = self.running
         kept = [keep[i].to(features.device) for i in range(len(rows))] if features is not None else None
@@ -176,6 +179,7 @@ class SpeculativeLoop:
             features=None if kept is None else [features[i, slots] for i, slots in enumerate(kept)],
             extra_logits=None if not extra else [
                 logits[i, n : int(query.valid[i].sum())] for i, n in enumerate(query.num_verified)],
+            num_accepted=accepted,
         ))
 
     def output(self) -> SpeculativeGenerateOutput:
@@ -184,6 +188,9 @@ class SpeculativeLoop:
         (as after plain `generate`)."""
         if self.streamer is not None:
             self.streamer.end()
+        prompt_lengths = [self.prompt_width - pads for pads in self.num_pads]
+        self.stats.drafter_stats = self.drafter.finish(
+            self.state, [sequence[:, pads:] for sequence, pads in zip(self.sequences, self.num_pads)], prompt_lengths)
         for row_stats in self.row_stats:
             self.stats.add(row_stats)
         if len(self.sequences) > 1:

@@ -35,6 +35,8 @@ class SpeculativeStats:
             sampling: in distribution).
         verifier (`str`): the verifier's name.
         drafter (`str`): the drafter's description.
+        drafter_stats (`dict`): the drafter's own figures of the call (`Drafter.finish`; e.g. `HybridDrafter`'s
+            steps and accepted tokens per source); empty for most drafters.
         row_stats (`list[SpeculativeStats]`): for a batch, each row's own figures (its timings are not split
             out: they stay 0); the call's figures are then their totals, with `num_steps` counting every row's
             steps and `num_target_forwards` the batched forwards. Empty for a single sequence.
@@ -54,6 +56,7 @@ class SpeculativeStats:
     lossless: bool = True
     verifier: str = ""
     drafter: str = ""
+    drafter_stats: dict = field(default_factory=dict)
     row_stats: list["SpeculativeStats"] = field(default_factory=list)
 
     def add(self, other: "SpeculativeStats") -> None:

@@ -220,17 +220,18 @@ class TargetGreedyDrafter(hs.Drafter):
                 for ids, budget in zip(input_ids, max_tokens)]
 
 
-def sampled_counts(model, names, verifier=None) -> tuple[dict, int]:
-    """Counts of each prompt's first two sampled tokens over 40 batched calls, and the draft tokens accepted."""
+def sampled_counts(model, names, verifier=None, drafter=None) -> tuple[dict, int]:
+    """Counts of each prompt's first two sampled tokens over 40 batched calls, and the draft tokens accepted
+    (`drafter`: one drafter for every call; default a `TargetGreedyDrafter` drafting 3 tokens)."""
     counts = {name: torch.zeros(VOCAB_SIZE, VOCAB_SIZE) for name in set(names)}
     generator = torch.Generator().manual_seed(0)
     input_ids, attention_mask = left_padded(prompt_tokens(names))
     accepted = 0
     for _ in range(40):
         out = model.generate(input_ids, attention_mask=attention_mask, custom_generate=hs.generate,
-                             candidate_generator=TargetGreedyDrafter(model, 3), do_sample=True, top_k=TOP_K,
-                             max_new_tokens=2, pad_token_id=PAD, generator=generator, verifier=verifier,
-                             return_dict_in_generate=True)
+                             candidate_generator=drafter or TargetGreedyDrafter(model, 3), do_sample=True,
+                             top_k=TOP_K, max_new_tokens=2, pad_token_id=PAD, generator=generator,
+                             verifier=verifier, return_dict_in_generate=True)
         accepted += out.speculative_stats.num_accepted_tokens
         for row, name in enumerate(names):
             counts[name][tuple(out.sequences[row, -2:].tolist())] += 1

@@ -134,7 +134,7 @@ def test_load_prompts_errors(tmp_path, name, content, limit, error, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"methods": ["plain", "lookahead"]}, r"Unknown benchmark methods \['lookahead'\]"),
+        ({"methods": ["plain", "jacobi"]}, r"Unknown benchmark methods \['jacobi'\]"),
         ({"methods": ["medusa"]}, "Method 'medusa' needs a draft head checkpoint: pass medusa_head="),
         ({"methods": ["eagle3-tree"]}, "Method 'eagle3-tree' needs a draft head checkpoint: pass eagle_head="),
         ({"methods": ["layer-skip"]}, r"Methods \['layer-skip'\] need an exit layer: pass exit_layer="),

@@ -26,6 +26,11 @@ FULL_CONFIGS = [
                       num_draft_tokens_schedule="goodput"),
     SpeculativeConfig(method="tree", draft_model="org/draft", tree={"paths": [[0], [0, 0], [1]]}),
     SpeculativeConfig(method="eagle3", num_draft_tokens=3, draft_model="org/speculator", draft_revision="main"),
+    SpeculativeConfig(method="suffix", num_draft_tokens=12, max_tree_depth=32, max_cached_requests=0,
+                      max_spec_factor=1.5, min_token_prob=0.2, use_tree_spec=True),
+    SpeculativeConfig(method="lookahead", window_size=3, ngram_size=4, verification_set_size=2),
+    SpeculativeConfig(method="hybrid", model_method="eagle3", draft_model="org/speculator", num_draft_tokens=3,
+                      max_tree_depth=16),
 ]
 
 
@@ -184,8 +189,8 @@ def test_a_card_with_invalid_values_raises_naming_the_field(tmp_path):
     (tmp_path / "README.md").write_text(card)
     with pytest.raises(ValueError, match="num_draft_tokens must be an integer >= 1, got -2"):
         SpeculativeConfig.from_pretrained(str(tmp_path))
-    (tmp_path / "README.md").write_text("---\nspeculative_decoding:\n  method: lookahead\n---\n")
-    with pytest.raises(ValueError, match="method must be one of .* got 'lookahead'"):
+    (tmp_path / "README.md").write_text("---\nspeculative_decoding:\n  method: jacobi\n---\n")
+    with pytest.raises(ValueError, match="method must be one of .* got 'jacobi'"):
         SpeculativeConfig.from_pretrained(str(tmp_path))
 
 

@@ -101,9 +101,15 @@ def test_layer_ids_outside_the_target_fail(zoo):
         FeatureCapture(zoo.target("llama"), TargetNeeds(layer_ids=(0, 2)))
 
 
-def test_a_drafter_that_reads_nothing_is_not_observed(zoo):
-    """Without `target_needs`, no hooks run and `observe` is never called."""
+def test_a_drafter_that_reads_nothing_gets_no_features(zoo):
+    """Without `target_needs`, no hooks run: `observe` gets each step's accepted counts, never features, and nothing
+    after the prefill."""
     reference = zoo.reference("llama", "random")
     drafter = ScriptedDrafter(reference, 3, num_correct=1)
-    drafter.observe = lambda state, feedback: pytest.fail("observed without target_needs")
+
+    def observe(state, feedback):
+        if feedback.features is not None or feedback.num_accepted is None:
+            pytest.fail("features (or a prefill) observed without target_needs")
+
+    drafter.observe = observe
     assert_same_tokens(speculative_generate(zoo.target("llama"), prompt_ids("random"), drafter), reference)

@@ -25,6 +25,7 @@ NEW_TOKENS = 8
 REPO_CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 # documented reasons why a bundled preset does not build or export in this version
 NOT_EXPORTABLE = {"layer-skip": "method='layer-skip' has no vLLM equivalent",
+                  "lookahead": "method='lookahead' has no vLLM equivalent",
                   "medusa": "vLLM reads Medusa heads in its own layout"}
 
 
@@ -202,7 +203,8 @@ def test_relaxed_verifiers_build_with_their_parameters(verification, settings, e
 
 def test_a_speculators_type_raises_naming_it_and_listing_the_drafters(target):
     config = hs.SpeculativeConfig(method="dflash", draft_model="org/speculator")
-    drafters = r"\['draft-model', 'eagle', 'eagle3', 'layer-skip', 'medusa', 'prompt-lookup', 'tree'\]"
+    drafters = (r"\['draft-model', 'eagle', 'eagle3', 'hybrid', 'layer-skip', 'lookahead', 'medusa', 'prompt-lookup', "
+                r"'suffix', 'tree'\]")
     with pytest.raises(ValueError, match=r"method='dflash' cannot be built .*" + drafters + ".*vLLM"):
         config.build(target)
 

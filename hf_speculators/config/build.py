@@ -5,7 +5,7 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from ..drafters import DRAFTERS, Drafter
+from ..drafters import DRAFTERS, Drafter, HybridDrafter
 from ..drafters.draft_model import check_same_vocabulary
 from ..loading import load_model, load_tokenizer, resolve_model_id
 from ..verifiers import VERIFIERS, Verifier
@@ -14,6 +14,8 @@ from .speculators_format import SPECULATORS_TYPES
 
 # arguments a drafter gets from what a config field names (a model, a token ranking), not from the field's value
 LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer", "draft_vocab")
+# the suffix-decoding settings of a config (SuffixDrafter's), which method "hybrid" takes too
+SUFFIX_SETTINGS = ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob", "use_tree_spec")
 # verification -> {config field: argument of the verifier's constructor}
 VERIFIER_PARAMS: dict[str, dict[str, str]] = {
     "typical": {"typical_epsilon": "epsilon", "typical_delta": "delta"},
@@ -59,6 +61,16 @@ def _self_draft(drafter_class, config, target, kwargs: dict) -> Drafter:
     return drafter_class.from_target(target, config.draft_quantization, **kwargs)
 
 
+def _hybrid(config, target, target_tokenizer, loaded: dict) -> Drafter:
+    """The `HybridDrafter` of a `"hybrid"` config: a `SuffixDrafter` of its suffix settings and the drafter of its
+    `model_method` (default `"draft-model"`) with its `draft_model` and `num_draft_tokens`."""
+    suffix = {name: getattr(config, name) for name in SUFFIX_SETTINGS if getattr(config, name) is not None}
+    model = type(config)(method=config.model_method or "draft-model", draft_model=config.draft_model,
+                         draft_revision=config.draft_revision, num_draft_tokens=config.num_draft_tokens)
+    return HybridDrafter(build_drafter(type(config)(method="suffix", **suffix), target),
+                         build_drafter(model, target, target_tokenizer, **loaded))
+
+
 def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
     """The drafter of `config.method` for `target`, given every config field its constructor takes; the one factory
     of drafters, behind presets, `generate(speculative_config=...)`, the command line and the benchmark.
@@ -93,6 +105,8 @@ def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
             f"method={config.method!r} cannot be built by this version of hf_speculators: the drafters available "
             f"are {sorted(DRAFTERS)}.{hint}"
         )
+    if config.method == "hybrid":
+        return _hybrid(config, target, target_tokenizer, loaded)
     drafter_class = DRAFTERS[config.method]
     from_checkpoint = hasattr(drafter_class, "from_pretrained")
     parameters = inspect.signature(drafter_class.from_pretrained if from_checkpoint else drafter_class).parameters

@@ -10,10 +10,10 @@ from .speculative_config import SpeculativeConfig
 SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
 # method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
 HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
-                "medusa-tree": "medusa_head"}
-METHODS = ("prompt-lookup", "prompt-lookup-tree", "draft-model", "draft-model-tree", "layer-skip",
-           *SELF_DRAFT_METHODS, *HEAD_METHODS)
-DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree")
+                "medusa-tree": "medusa_head", "hybrid-eagle3": "eagle_head"}
+METHODS = ("prompt-lookup", "prompt-lookup-tree", "suffix", "lookahead", "draft-model", "draft-model-tree",
+           "hybrid", "layer-skip", *SELF_DRAFT_METHODS, *HEAD_METHODS)
+DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree", "hybrid")
 LOADED_DRAFT = "<loaded draft model>"  # a config's draft_model when the caller passes the loaded model itself
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
 
@@ -39,12 +39,25 @@ def method_config(
     draft_vocab_size: int | None = None,
     eagle_head: str | None = None,
     medusa_head: str | None = None,
+    max_tree_depth: int | None = None,
+    max_spec_factor: float | None = None,
+    min_token_prob: float | None = None,
+    use_tree_spec: bool | None = None,
+    window_size: int | None = None,
+    ngram_size: int | None = None,
+    verification_set_size: int | None = None,
 ) -> SpeculativeConfig:
     """The `SpeculativeConfig` of a named method; an option left at `None` keeps the drafter's default.
 
     - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size, prefer)`, a chain.
     - `"prompt-lookup-tree"`: the same with `num_candidates` continuations in one trie (default 4).
+    - `"suffix"`: `SuffixDrafter(num_draft_tokens, max_tree_depth, max_spec_factor, min_token_prob,
+      use_tree_spec)`: suffix decoding, with a memory of earlier calls.
+    - `"lookahead"`: `LookaheadDrafter(window_size, ngram_size, verification_set_size)` (`num_draft_tokens` does not
+      apply: its drafts are `ngram_size - 1` deep).
     - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
+    - `"hybrid"`, `"hybrid-eagle3"`: `HybridDrafter` of suffix decoding (the suffix options) and the draft model
+      `draft_model` or the EAGLE head `eagle_head` drafting chains of `num_draft_tokens`.
     - `"draft-model-tree"`: `TreeDrafter(draft_model, DynamicTree(depth=num_draft_tokens, top_k=tree_top_k,
       num_nodes=tree_nodes))`, an EAGLE-2 dynamic tree.
     - `"layer-skip"`: `LayerSkipDrafter(exit_layer, num_draft_tokens, confidence_threshold, draft_vocab)`, the
@@ -64,11 +77,19 @@ def method_config(
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
     lookup = _given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size, prefer=prefer)
     tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)  # {}: a DynamicTree's defaults
+    suffix = _given(max_tree_depth=max_tree_depth, max_spec_factor=max_spec_factor, min_token_prob=min_token_prob,
+                    use_tree_spec=use_tree_spec)
     settings = {
         "prompt-lookup": {"method": "prompt-lookup", **lookup},
         "prompt-lookup-tree": {"method": "prompt-lookup", "num_candidates": num_candidates or TREE_NUM_CANDIDATES,
                                **lookup},
+        "suffix": {"method": "suffix", "num_draft_tokens": num_draft_tokens, **suffix},
+        "lookahead": {"method": "lookahead", "window_size": window_size, "ngram_size": ngram_size,
+                      "verification_set_size": verification_set_size},
         "draft-model": {"method": "draft-model", "draft_model": draft_model, "num_draft_tokens": num_draft_tokens},
+        "hybrid": {"method": "hybrid", "draft_model": draft_model, "num_draft_tokens": num_draft_tokens, **suffix},
+        "hybrid-eagle3": {"method": "hybrid", "model_method": "eagle3", "draft_model": eagle_head,
+                          "num_draft_tokens": num_draft_tokens, **suffix},
         "draft-model-tree": {"method": "tree", "draft_model": draft_model, "tree": tree},
         "layer-skip": {"method": "layer-skip", "exit_layer": exit_layer, "num_draft_tokens": num_draft_tokens,
                        "confidence_threshold": confidence_threshold, "draft_vocab": draft_vocab,

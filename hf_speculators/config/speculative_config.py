@@ -12,15 +12,20 @@ from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
 from ..verifiers import VERIFIERS
 from . import presets
-from .build import VERIFIER_PARAMS, build
+from .build import SUFFIX_SETTINGS, VERIFIER_PARAMS, build
 from .speculators_format import SPECULATORS_TYPES
 from .vllm_export import to_vllm
 
 # learned draft heads on the target's hidden states; their draft_model is the head's checkpoint
 HEAD_METHODS = ("eagle3", "eagle", "medusa")
+# the model drafters a hybrid pairs with suffix decoding (its draft_model: a draft model or an EAGLE head)
+HYBRID_MODEL_METHODS = ("draft-model", "eagle3")
 # method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
 METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates", "prefer")),
+    "suffix": ((), SUFFIX_SETTINGS),
+    "lookahead": ((), ("window_size", "ngram_size", "verification_set_size")),
+    "hybrid": (("draft_model",), ("model_method", "draft_revision", *SUFFIX_SETTINGS)),
     "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
     "layer-skip": (("exit_layer",), ("confidence_threshold", "draft_vocab", "draft_vocab_size")),
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
@@ -77,7 +82,8 @@ class SpeculativeConfig:
 
     Args:
         method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
-            `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), and methods that load
+            `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), `"suffix"`
+            (`SuffixDrafter`), `"lookahead"` (`LookaheadDrafter`), `"hybrid"` (`HybridDrafter`), and methods that load
             as a config but cannot be built in this version (the speculators drafter types in
             `SPECULATORS_TYPES`).
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1; under the `"goodput"`
@@ -106,6 +112,13 @@ class SpeculativeConfig:
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
             Unset: `TreeDrafter`'s default dynamic tree.
+        max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob, use_tree_spec (*optional*): suffix
+            decoding's settings (`SuffixDrafter`; methods `"suffix"` and `"hybrid"`).
+        window_size, ngram_size, verification_set_size (`int`, *optional*): lookahead decoding's W, N and G
+            (`LookaheadDrafter`); its draft length is `ngram_size - 1`, so `num_draft_tokens` does not apply.
+        model_method (`str`, *optional*): method `"hybrid"`'s model drafter, one of `HYBRID_MODEL_METHODS`
+            (`"draft-model"`, the default, or `"eagle3"`: `draft_model` is then the head's checkpoint);
+            `num_draft_tokens` is its draft length.
         verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
             `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
         typical_epsilon, typical_delta (`float`, *optional*): `typical` verification's parameters, in (0, 1]
@@ -138,6 +151,15 @@ class SpeculativeConfig:
     draft_vocab: str | None = None
     draft_vocab_size: int | None = None
     tree: dict | None = None
+    max_tree_depth: int | None = None
+    max_cached_requests: int | None = None
+    max_spec_factor: float | None = None
+    min_token_prob: float | None = None
+    use_tree_spec: bool | None = None
+    window_size: int | None = None
+    ngram_size: int | None = None
+    verification_set_size: int | None = None
+    model_method: str | None = None
     verification: str | None = None
     typical_epsilon: float | None = None
     typical_delta: float | None = None
@@ -148,14 +170,24 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
-        for name in ("method", "num_draft_tokens_schedule", "prefer", "draft_quantization", "verification"):
+        for name in ("method", "num_draft_tokens_schedule", "prefer", "draft_quantization", "verification",
+                     "model_method"):
             if name != "method" and getattr(self, name) is None:
                 continue
             if not isinstance(getattr(self, name), str):
                 _fail(name, "a name (a string)", getattr(self, name))
         for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k",
-                     "draft_vocab_size"):
+                     "draft_vocab_size", "max_tree_depth", "window_size", "ngram_size", "verification_set_size"):
             _check_int(name, getattr(self, name))
+        if self.max_cached_requests is not None and (isinstance(self.max_cached_requests, bool) or not isinstance(
+                self.max_cached_requests, int) or self.max_cached_requests < 0):
+            _fail("max_cached_requests", "an integer >= 0", self.max_cached_requests)
+        if self.use_tree_spec is not None and not isinstance(self.use_tree_spec, bool):
+            _fail("use_tree_spec", "true or false", self.use_tree_spec)
+        if self.model_method is not None and self.model_method not in HYBRID_MODEL_METHODS:
+            _fail("model_method", f"one of {HYBRID_MODEL_METHODS}", self.model_method)
+        _check_number("max_spec_factor", self.max_spec_factor, low=0, low_included=True)
+        _check_number("min_token_prob", self.min_token_prob, low=0, high=1, low_included=True)
         for name in ("draft_model", "draft_revision", "draft_vocab", "target_model", "source", "notes"):
             _check_text(name, getattr(self, name))
         _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
@@ -186,6 +218,9 @@ class SpeculativeConfig:
         for name in METHOD_FIELDS[self.method][0]:
             if getattr(self, name) is None and not self.is_self_draft:
                 raise ValueError(f"{name} is required for method={self.method!r}.")
+        if self.method == "lookahead" and self.num_draft_tokens is not None:
+            raise ValueError("num_draft_tokens does not apply to method='lookahead': its drafts are ngram_size - 1 "
+                             "tokens long; set ngram_size.")
         if self.method == "tree" and self.num_draft_tokens is not None:
             raise ValueError(
                 "num_draft_tokens does not apply to method='tree': set the tree's depth in tree "
@@ -213,12 +248,14 @@ class SpeculativeConfig:
 
     def resolved(self, name: str):
         """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`); a
-        learned head's `tree` sets the number of draft tokens to its depth."""
+        learned head's `tree` sets the number of draft tokens to its depth, lookahead's `ngram_size` to N - 1."""
         value = getattr(self, name)
         if value is not None or self.method not in DRAFTERS:
             return value
         if name == "num_draft_tokens" and self.method in HEAD_METHODS and self.tree is not None:
             return tree_shape(self.tree).depth
+        if name == "num_draft_tokens" and self.method == "lookahead":
+            return self.resolved("ngram_size") - 1
         parameter = inspect.signature(DRAFTERS[self.method]).parameters.get(name)
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 

@@ -15,6 +15,7 @@ from .speculators_format import SPECULATORS_TYPES
 # reader of the speculators format does (peagle runs as eagle3 with parallel drafting)
 VLLM_METHODS = {
     "prompt-lookup": {"method": "ngram"},
+    "suffix": {"method": "suffix"},
     "draft-model": {"method": "draft_model"},
     **{name: {"method": name} for name in SPECULATORS_TYPES},
     "peagle": {"method": "eagle3", "parallel_drafting": True},
@@ -73,7 +74,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     """Returns vLLM's `speculative_config` for the same method and settings as `config`.
 
     Mapping: method -> `method` (`VLLM_METHODS`), `num_draft_tokens` -> `num_speculative_tokens`,
-    `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, `draft_model` -> `model`
+    `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, suffix decoding's settings ->
+    `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
     `quantization="fp8"`. Unset fields are filled with this library's drafter defaults, so vLLM runs what
     `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
@@ -82,7 +84,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
 
     Raises:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
-            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, an int8/nf4/int4
+            relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, suffix decoding with
+            `use_tree_spec`, an int8/nf4/int4
             draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
     """
     _check_head(config)
@@ -101,6 +104,12 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
             )
         settings["prompt_lookup_max"] = config.resolved("max_ngram_size")
         settings["prompt_lookup_min"] = config.resolved("min_ngram_size")
+    elif config.method == "suffix":
+        if config.use_tree_spec:
+            raise ValueError("use_tree_spec=True (a token tree of suffix continuations) has no vLLM equivalent: vLLM's "
+                             "suffix method drafts one path. Remove use_tree_spec to export.")
+        settings.update({f"suffix_decoding_{name}": config.resolved(name) for name in
+                         ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob")})
     else:
         settings.update(_draft_settings(config, resolve_ids))
     num_draft_tokens = config.resolved("num_draft_tokens")

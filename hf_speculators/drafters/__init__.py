@@ -3,9 +3,12 @@
 from .base import Drafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
+from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
+from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter
 from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
 
 DRAFTERS: dict[str, type[Drafter]] = {
@@ -16,9 +19,12 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "eagle3": EagleDrafter,  # the checkpoint's files say which EAGLE format; the method name is vLLM's
     "eagle": EagleDrafter,
     MedusaDrafter.name: MedusaDrafter,
+    LookaheadDrafter.name: LookaheadDrafter,
+    SuffixDrafter.name: SuffixDrafter,
+    HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "LayerSkipDrafter", "MedusaDrafter",
-    "PromptLookupDrafter", "StaticTree", "TreeDrafter", "tree_shape",
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
+    "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

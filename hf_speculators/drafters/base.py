@@ -65,12 +65,15 @@ class StepFeedback:
             `layer_ids` then the final norm's output, concatenated.
         extra_logits (`list[torch.FloatTensor]`, *optional*): for a draft with unverified query tokens
             (`Draft.extra_token_ids`), row i's target logits `(num_extra_i, vocab_size)` of them.
+        num_accepted (`list[int]`, *optional*): after a step (not a prefill), row i's accepted draft tokens, as the
+            verifier counted them (a stopping criterion may have kept fewer).
     """
 
     rows: list[int]
     positions: list[int]
     features: list[torch.FloatTensor] | None = None
     extra_logits: list[torch.FloatTensor | None] | None = None
+    num_accepted: list[int] | None = None
 
 
 @dataclass
@@ -192,6 +195,18 @@ class Drafter(CandidateGenerator):
 
     def observe(self, state: DraftState, feedback: StepFeedback) -> None:
         """Takes in what the target's last forward gave this drafter (`StepFeedback`); the default ignores it."""
+
+    def finish(self, state: DraftState, sequences: Sequence[torch.LongTensor], prompt_lengths: Sequence[int]) -> dict:
+        """Ends a generate call that completed: a drafter with a cross-call memory (`SuffixDrafter`) keeps what the
+        call generated. Returns the drafter's own figures for `SpeculativeStats.drafter_stats` (default: none).
+
+        Args:
+            state (`DraftState`): the call's state.
+            sequences (`Sequence[torch.LongTensor]`): every row's committed tokens, shape `(1, sequence_length_i)`,
+                without padding, prompt included.
+            prompt_lengths (`Sequence[int]`): every row's prompt length in those tokens.
+        """
+        return {}
 
     def new_state(self, target, generation_config: GenerationConfig, **kwargs) -> DraftState:
         """A started `DraftState` for one call (`kwargs`: the other `DraftState` fields)."""

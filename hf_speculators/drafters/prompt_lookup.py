@@ -43,12 +43,16 @@ class NgramIndex:
             for size in range(self.min_ngram_size, min(self.max_ngram_size, position) + 1):
                 self._followers.setdefault(tuple(self.tokens[position - size : position]), []).append(position)
 
+    def followers(self, ngram: tuple[int, ...]) -> list[int]:
+        """The positions right after the occurrences of `ngram` (oldest first) that have a token after them."""
+        return self._followers.get(ngram, [])
+
     def match_starts(self, num_candidates: int, prefer: str) -> list[int]:
         """Up to `num_candidates` positions whose continuation to copy, the best match first (see
         `PromptLookupDrafter` for the rule `prefer` selects)."""
         tokens, starts = self.tokens, []
         for size in range(min(self.max_ngram_size, len(tokens)), self.min_ngram_size - 1, -1):
-            positions = self._followers.get(tuple(tokens[-size:]), [])
+            positions = self.followers(tuple(tokens[-size:]))
             for start in reversed(positions) if prefer == "latest" else positions:
                 if len(starts) == num_candidates:
                     return starts

@@ -86,10 +86,11 @@ from .chat import encode_prompt, use_chat_template
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
                    "draft-model-tree")
 EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
-# the exit-layer methods need exit_layer=, the self-draft ones a quantization library (and "self-draft-fp8" a GPU),
-# the head methods a draft head checkpoint made for the target: run when asked for only
-METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS, *speculative_methods.SELF_DRAFT_METHODS,
-           *speculative_methods.HEAD_METHODS)
+# the model-free methods beyond prompt lookup, the exit-layer methods (they need exit_layer=), the self-draft ones
+# (a quantization library; "self-draft-fp8" a GPU) and the head methods (a draft head checkpoint made for the
+# target): run when asked for only
+METHODS = (*DEFAULT_METHODS, "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
+           *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS)
 DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers' own methods, run as baselines: name -> the config method they correspond to
 TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",

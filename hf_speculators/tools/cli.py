@@ -83,6 +83,8 @@ NON_NEGATIVE_INT = _number(int, low=0)
 PROBABILITY = _number(float, low=0, high=1, low_included=False)
 CONFIDENCE = _number(float, low=0, high=1, high_included=False)
 POSITIVE_FLOAT = _number(float, low=0, low_included=False)
+NON_NEGATIVE_FLOAT = _number(float, low=0)
+UNIT_INTERVAL = _number(float, low=0, high=1)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -171,6 +173,19 @@ def _add_tree_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree-nodes", type=POSITIVE_INT, default=None, help="draft-model-tree: node budget (default 24)")
 
 
+def _add_model_free_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tree-depth", type=POSITIVE_INT, default=None,
+                        help="suffix, hybrid: the most tokens of a match and its draft together (default 24)")
+    parser.add_argument("--max-spec-factor", type=NON_NEGATIVE_FLOAT, default=None,
+                        help="suffix, hybrid: draft tokens allowed per matched token (default 1.0)")
+    parser.add_argument("--min-token-prob", type=UNIT_INTERVAL, default=None,
+                        help="suffix, hybrid: the lowest frequency-estimated probability drafted (default 0.1)")
+    parser.add_argument("--window-size", type=POSITIVE_INT, default=None, help="lookahead: W, the window's columns (default 4)")
+    parser.add_argument("--ngram-size", type=POSITIVE_INT, default=None, help="lookahead: N, the n-gram length (default 3)")
+    parser.add_argument("--verification-set-size", type=POSITIVE_INT, default=None,
+                        help="lookahead: G, the most n-grams verified per step (default 4)")
+
+
 def _add_draft_vocab_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
                         help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
@@ -217,6 +232,7 @@ def _add_generate(commands) -> None:
                      help="layer-skip: stop drafting after a token less likely than this")
     _add_draft_vocab_options(gen)
     _add_tree_options(gen)
+    _add_model_free_options(gen)
     _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
     gen.add_argument("--max-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's longest n-gram")
     gen.add_argument("--min-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's shortest n-gram")
@@ -245,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
     _add_draft_vocab_options(bench)
     _add_tree_options(bench)
+    _add_model_free_options(bench)
     _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(METHODS)})")
     _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(bench)
@@ -318,7 +335,9 @@ def _add_export(commands) -> None:
 def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
-             "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head")
+             "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
+             "max_tree_depth", "max_spec_factor", "min_token_prob", "window_size", "ngram_size",
+             "verification_set_size")
     return {name: getattr(args, name, None) for name in names}
 
 
@@ -356,7 +375,10 @@ def config_from_args(args) -> SpeculativeConfig:
         flags |= {"num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
                   "draft_model": args.draft, "exit_layer": args.exit_layer, "num_candidates": args.num_candidates,
                   "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
-                  "draft_vocab_size": args.draft_vocab_size}
+                  "draft_vocab_size": args.draft_vocab_size, "max_tree_depth": args.max_tree_depth,
+                  "max_spec_factor": args.max_spec_factor, "min_token_prob": args.min_token_prob,
+                  "window_size": args.window_size, "ngram_size": args.ngram_size,
+                  "verification_set_size": args.verification_set_size}
         tree = {key: value for key, value in (("top_k", args.tree_top_k), ("num_nodes", args.tree_nodes))
                 if value is not None}
         flags["tree"] = {**(config.tree or {}), **tree} if tree else None

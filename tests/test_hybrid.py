@@ -1,0 +1,145 @@
+"""HybridDrafter: suffix decoding where its match is long, a model drafter elsewhere; exact, lossless, its figures;
+the model-free methods in SpeculativeConfig and the named methods."""
+
+import pytest
+import torch
+
+import hf_speculators as hs
+from hf_speculators.config.build import build_drafter
+from hf_speculators.config.methods import method_config
+from batch_helpers import MAX_NEW_TOKENS, batched_generate, laid_out
+from drafters_for_tests import ScriptedDrafter
+from eagle_heads import random_eagle
+from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
+from test_batch import SAMPLING_PROMPTS, chi_square_ratio, exact_two_token_distribution, sampled_counts, scripted
+from test_lossless import AlwaysAcceptVerifier
+from tiny_models import build_model
+
+BATCH_PROMPTS = ("random", "one_token", "repetitive")
+
+
+def test_greedy_output_is_exact_and_a_repeat_drafts_from_memory(zoo):
+    """A model drafter right for 2 tokens of 4: the first call drafts with it; the repeat of the same prompt
+    finds the first call's output in the suffix memory, whose long matches predict more than 2 tokens."""
+    model, reference = zoo.target("llama"), zoo.reference("llama", "random")
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8), ScriptedDrafter(reference, 4, num_correct=2))
+    figures = []
+    for _ in range(2):
+        out = speculative_generate(model, prompt_ids("random"), drafter, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, reference)
+        stats = out.speculative_stats
+        sources = stats.drafter_stats
+        accepted = sum(source["accepted_tokens"] for source in sources.values())
+        assert stats.num_accepted_tokens <= accepted <= stats.num_accepted_tokens + 8  # the length limit cuts
+        assert sum(source["drafted_tokens"] for source in sources.values()) == stats.num_drafted_tokens
+        figures.append(sources)
+    assert figures[0]["model"]["steps"] > figures[0]["model_free"]["steps"]
+    assert figures[1]["model_free"]["steps"] > 0
+    assert figures[1]["model_free"]["accepted_tokens"] > 2 * figures[1]["model_free"]["steps"]
+
+
+def test_every_row_of_a_batch_is_its_plain_greedy_output(zoo):
+    model, prompts = zoo.target("llama"), [PROMPTS[name] for name in BATCH_PROMPTS]
+    expected = laid_out(prompts, [zoo.reference("llama", name)[0].tolist() for name in BATCH_PROMPTS])
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=6),
+                               scripted(zoo, "llama", BATCH_PROMPTS, 3, max_new_tokens=MAX_NEW_TOKENS))
+    for _ in range(2):  # the second call mixes sources across rows and steps
+        out = batched_generate(model, drafter, prompts)
+        assert torch.equal(out.sequences, expected)
+    assert all(source["steps"] > 0 for source in out.speculative_stats.drafter_stats.values())
+
+
+class GreedyContinuationDrafter(hs.Drafter):
+    """Drafts the plain greedy output's next tokens when the row is a prefix of one of `references` (none else):
+    a model drafter's drafts without a forward."""
+
+    name = "greedy-continuation-test"
+
+    def __init__(self, references: list[list[int]], num_draft_tokens: int):
+        super().__init__(num_draft_tokens)
+        self.references = references
+
+    def draft_row(self, state, input_ids, max_tokens, row):
+        committed = input_ids[0].tolist()
+        future = next((r[len(committed) : len(committed) + max_tokens] for r in self.references
+                       if r[: len(committed)] == committed), [])
+        return hs.Draft.chain(torch.tensor(future, dtype=torch.long))
+
+
+@pytest.mark.parametrize("model_kind", ["draft_model", "eagle"])
+def test_a_model_drafter_catches_up_after_steps_suffix_decoding_drafted(zoo, model_kind):
+    """A draft model, or an EAGLE head reading the target's features after every step whichever source drafted,
+    drafts again from the committed tokens after steps it did not draft: every row stays its plain greedy output,
+    alone and in a batch, and some call mixes both sources."""
+    if model_kind == "eagle":  # the EAGLE test heads read a 4-layer target
+        target, model_drafter = build_model("llama", num_layers=4, seed=1), hs.EagleDrafter(random_eagle(7), 3)
+    else:
+        target, model_drafter = zoo.target("llama"), hs.DraftModelDrafter(zoo.draft("llama"), 3)
+    references = [plain_generate(target, prompt_ids(name)) for name in BATCH_PROMPTS]
+    prompts = [PROMPTS[name] for name in BATCH_PROMPTS]
+    expected = laid_out(prompts, [reference[0].tolist() for reference in references])
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8), model_drafter)
+    mixed = []  # per call: whether both sources drafted
+    for _ in range(2):
+        out = speculative_generate(target, prompt_ids("random"), drafter, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, references[0])
+        mixed.append(all(source["steps"] for source in out.speculative_stats.drafter_stats.values()))
+        out = batched_generate(target, drafter, prompts)
+        assert torch.equal(out.sequences, expected)
+        mixed.append(all(source["steps"] for source in out.speculative_stats.drafter_stats.values()))
+    assert any(mixed), mixed
+
+
+def test_sampling_is_lossless_and_the_test_catches_a_lossy_verifier(zoo):
+    """Both sources draft: suffix decoding while its memory (greedy outputs, then the samples) predicts more than
+    two tokens, the model's greedy continuation otherwise."""
+    model, names = zoo.target("llama"), SAMPLING_PROMPTS * 16
+
+    references = [zoo.reference("llama", name)[0].tolist() for name in SAMPLING_PROMPTS]
+
+    def hybrid():  # the "model": the target's greedy continuation, often accepted under top-3 sampling
+        suffix = hs.SuffixDrafter(num_draft_tokens=3)
+        for reference in references:  # an earlier call's greedy outputs: long, sure matches at first
+            suffix.cache.add(reference)
+        return hs.HybridDrafter(suffix, GreedyContinuationDrafter(references, 2))
+
+    drafter = hybrid()
+    counts, accepted = sampled_counts(model, names, drafter=drafter)
+    assert accepted > 100
+    for name in SAMPLING_PROMPTS:
+        assert chi_square_ratio(counts[name], exact_two_token_distribution(model, name)) < 1, name
+    counts, _ = sampled_counts(model, names, verifier=AlwaysAcceptVerifier(), drafter=hybrid())
+    assert all(chi_square_ratio(counts[name], exact_two_token_distribution(model, name)) > 5
+               for name in SAMPLING_PROMPTS)
+
+
+def test_a_model_free_drafter_must_score_its_drafts(zoo):
+    with pytest.raises(ValueError, match="scores its drafts"):
+        hs.HybridDrafter(hs.PromptLookupDrafter(), hs.SuffixDrafter())
+
+
+def test_configs_and_named_methods_build_the_model_free_drafters(zoo):
+    target = zoo.target("llama")
+    suffix = hs.SpeculativeConfig("suffix", num_draft_tokens=6, max_tree_depth=8, use_tree_spec=True)
+    drafter = build_drafter(suffix, target)
+    assert isinstance(drafter, hs.SuffixDrafter) and drafter.max_tree_depth == 8 and drafter.drafts_trees
+    lookahead = build_drafter(method_config("lookahead", num_draft_tokens=5, window_size=2, ngram_size=4), target)
+    assert (lookahead.window_size, lookahead.ngram_size, lookahead.num_draft_tokens) == (2, 4, 3)
+    hybrid = build_drafter(method_config("hybrid", draft_model="<loaded draft model>", num_draft_tokens=3,
+                                         min_token_prob=0.3), target, draft_model=zoo.draft("llama"))
+    assert isinstance(hybrid.model_drafter, hs.DraftModelDrafter) and hybrid.model_drafter.num_draft_tokens == 3
+    assert hybrid.model_free.min_token_prob == 0.3
+    assert method_config("hybrid-eagle3", eagle_head="heads/eagle").model_method == "eagle3"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"method": "lookahead", "num_draft_tokens": 4}, "ngram_size"),
+    ({"method": "hybrid"}, "draft_model is required"),
+    ({"method": "suffix", "window_size": 3}, "window_size does not apply"),
+    ({"method": "suffix", "max_cached_requests": -1}, "max_cached_requests"),
+    ({"method": "suffix", "min_token_prob": 2.0}, "min_token_prob"),
+    ({"method": "hybrid", "draft_model": "d", "model_method": "medusa"}, "model_method"),
+])
+def test_configs_refuse_what_does_not_apply(settings, message):
+    with pytest.raises(ValueError, match=message):
+        hs.SpeculativeConfig(**settings)
