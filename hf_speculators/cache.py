@@ -84,28 +84,6 @@ def check_layerwise_support(cache: Cache, max_length: int) -> None:
         )
 
 
-def keep_accepted(cache: Cache, accepted_nodes: torch.LongTensor, num_nodes: int) -> None:
-    """Keeps the key/value states of the accepted path of a draft tree and drops those of the other nodes.
-
-    The last `num_nodes` entries of every layer are the draft's nodes in node order. Afterwards the accepted
-    nodes, root to leaf, stand in their place and the rest are gone. When the accepted nodes are the first ones
-    (always for a chain) this is a plain rollback; otherwise their rows are gathered in every layer first.
-
-    Args:
-        cache (`Cache`): a `DynamicCache`; gathering needs full-attention layers (see `check_tree_support`).
-        accepted_nodes (`torch.LongTensor` of shape `(num_accepted,)`): node indices of the accepted path.
-        num_nodes (`int`): the draft's number of nodes, all in the cache.
-    """
-    num_accepted = len(accepted_nodes)
-    if num_accepted and int(accepted_nodes[-1]) != num_accepted - 1:  # increasing node ids: a prefix ends at n - 1
-        for layer in cache.layers:
-            start = layer.keys.shape[-2] - num_nodes
-            rows = start + accepted_nodes.to(layer.keys.device)
-            layer.keys[..., start : start + num_accepted, :] = layer.keys[..., rows, :]
-            layer.values[..., start : start + num_accepted, :] = layer.values[..., rows, :]
-    rollback(cache, num_nodes - num_accepted)
-
-
 def check_batch_support(cache: Cache) -> None:
     """Raises `ValueError` unless `cache` is empty and every layer is a full-attention `DynamicLayer`.
 

@@ -9,8 +9,8 @@ from tiny_models import ARCHS, VOCAB_SIZE, build_draft, build_model, build_token
 from transformers import DynamicCache, GenerationConfig
 
 import hf_speculators as hs
-from hf_speculators.cache import keep_accepted, rollback
-from hf_speculators.forward import forward_logits
+from hf_speculators.cache import RaggedCache, rollback
+from hf_speculators.query import Query, forward
 from hf_speculators.tree import TokenTree, tree_from_paths, trie_from_sequences
 
 #        0   1
@@ -150,13 +150,15 @@ def test_dynamic_tree_checks_its_arguments(kwargs, message):
 
 
 def _tree_forward(model, input_ids, token_ids, parents):
-    """Prefills all prompt tokens but the last, then scores the last one and the tree in one forward."""
-    cache = DynamicCache(config=model.config)
-    num_prompt = input_ids.shape[1]
+    """Prefills all prompt tokens but the last, then scores the last one and the tree in one forward (the loop's
+    query of one row); returns the logits `(1 + num_nodes, vocab)` and the ragged cache."""
+    cache = RaggedCache(DynamicCache(config=model.config), torch.zeros(1, 0, dtype=torch.bool))
+    prefix = torch.ones(1, input_ids.shape[1] - 1, dtype=torch.bool)
     with torch.no_grad():
-        forward_logits(model, cache, input_ids[:, :-1], TokenTree.chain(0), num_prompt - 1, 1)
-        step_ids = torch.cat([input_ids[:, -1:], token_ids[None]], dim=-1)
-        logits = forward_logits(model, cache, step_ids, tree(parents), num_prompt, len(parents) + 1)
+        forward(model, cache, Query.chain(input_ids[:, :-1], prefix))
+        cache.append(prefix)
+        draft = hs.Draft(token_ids, torch.tensor(parents, dtype=torch.long))
+        logits = forward(model, cache, Query.from_drafts(input_ids[0, -1:], [draft], 0))[0]
     return logits, cache
 
 
@@ -181,9 +183,10 @@ def test_compaction_keeps_the_accepted_path(zoo, arch):
     greedy = reference[0, num_prompt:]
     # the greedy tokens sit on nodes 1 -> 4 of the tree, after a wrong sibling: their rows must be gathered
     token_ids = torch.tensor([(greedy[0] + 1) % VOCAB_SIZE, greedy[0], 5, 6, greedy[1], 9])
-    _, cache = _tree_forward(target, input_ids, token_ids, PARENTS)
-    keep_accepted(cache, torch.tensor([1, 4]), num_nodes=6)
-    assert cache.get_seq_length() == num_prompt + 2
+    _, ragged = _tree_forward(target, input_ids, token_ids, PARENTS)
+    ragged.append(torch.tensor([[True, False, True, False, False, True, False]]))  # pending token, nodes 1 and 4
+    cache = ragged.cache
+    assert cache.get_seq_length() == num_prompt + 2 and bool(ragged.valid.all())
     expected = DynamicCache(config=target.config)
     with torch.no_grad():
         target(input_ids=reference[:, : num_prompt + 2], past_key_values=expected, use_cache=True)
