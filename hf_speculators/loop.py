@@ -72,6 +72,7 @@ class SpeculativeLoop:
             self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,
             tokenizer=self.tokenizer, cache=self.cache, batch_size=batch_size)
         self.target = TargetForward(self.model, self.drafter.target_needs(self.model))
+        self.observes = type(self.drafter).observe is not Drafter.observe  # whether feedback reaches anything
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
         positions = torch.arange(num_cached, input_ids.shape[1] - 1)
@@ -166,6 +167,8 @@ class SpeculativeLoop:
                   accepted: list[int] | None = None) -> None:
         """Hands the drafter the features of each row's kept slots, the logits of its unverified tokens and, after a
         step, each row's accepted draft tokens (after a prefill: only when it reads features)."""
+        if not self.observes:  # the drafter ignores feedback: build none (prompt lookup, the draft model, ...)
+            return
         features = self.target.features
         extra = query is not None and query.visible is not None and any(
             int(query.valid[i].sum()) > n for i, n in enumerate(query.num_verified))
