@@ -60,7 +60,7 @@ def _from_config(model, drafter, verifier, schedule, speculative_config, target_
     settings, device, dtype = speculative_config.to_dict(), str(model.device), model.dtype
     built = model.__dict__.get(BUILT_ATTRIBUTE)
     if built is None or (built.settings, built.tokenizer) != (settings, target_tokenizer) or (
-            (built.device, built.dtype) != (device, dtype) and not getattr(built.drafter, "converts_per_call", False)):
+            (built.device, built.dtype) != (device, dtype) and not built.drafter.converts_per_call):
         setattr(model, BUILT_ATTRIBUTE, None)  # free the previous draft model before loading the next one
         drafter, config_verifier = speculative_config.build(model, target_tokenizer)
         built = _Built(settings, device, dtype, target_tokenizer, drafter, config_verifier)

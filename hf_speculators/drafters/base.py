@@ -156,6 +156,7 @@ class Drafter(CandidateGenerator):
     name: str = ""
     state_class: type = DraftState
     drafts_trees: bool = False  # whether `propose` may return token trees (checked against the attention kernel)
+    converts_per_call: bool = False  # whether `start` fits its modules to each call's target device and dtype itself
 
     def __init__(self, num_draft_tokens: int):
         if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
