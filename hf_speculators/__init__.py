@@ -4,7 +4,7 @@ from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import (
     DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
-    LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
+    LookaheadDrafter, MedusaDrafter, MTPDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .draft import Draft
 from .metrics import SpeculativeStats
@@ -35,6 +35,7 @@ __all__ = [
     "LayerSkipDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",
+    "MTPDrafter",
     "DynamicTree",
     "ExactVerifier",
     "GoodputSchedule",

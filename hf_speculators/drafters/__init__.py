@@ -7,6 +7,7 @@ from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
+from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter
 from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
@@ -21,10 +22,11 @@ DRAFTERS: dict[str, type[Drafter]] = {
     MedusaDrafter.name: MedusaDrafter,
     LookaheadDrafter.name: LookaheadDrafter,
     SuffixDrafter.name: SuffixDrafter,
+    MTPDrafter.name: MTPDrafter,
     HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
+    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

@@ -1,0 +1,132 @@
+"""MTPDrafter: the target's own multi-token-prediction layers (transformers' `MtpModel`) in our loop, on tiny
+DeepSeek-V3 and GLM-4.5 MoE targets: greedy output equal to plain `generate` (chains, trees, batches), lossless
+sampling, drafts equal to transformers' `MTPCandidateGenerator`'s, and the errors raised before any forward."""
+
+import pytest
+import torch
+from native_models import MTP_ARCHS, build_mtp_target, distill_mtp
+from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
+from test_batch_heads import check_rows_alone, eos_settings, recording, sampled_ratios
+from tiny_models import build_target
+from transformers.generation import candidate_generator
+from transformers.modeling_layers import MtpModel
+
+import hf_speculators as hs
+import hf_speculators.verifiers.rejection as rejection_module
+
+NUM_MTP_LAYERS = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def mtp_targets():
+    """`(target, mtp_model)` per (arch, number of MTP layers), the MTP layers distilled briefly on the target's
+    greedy continuation of the "random" prompt (drafts there are mostly accepted, elsewhere mostly rejected)."""
+    made = {}
+    for arch in MTP_ARCHS:
+        for num_layers in NUM_MTP_LAYERS:
+            target, mtp_model = build_mtp_target(arch, num_layers)
+            sequences = [plain_generate(target, prompt_ids("random"), max_new_tokens=40)]
+            made[arch, num_layers] = target, distill_mtp(mtp_model, target, sequences)
+    return made
+
+
+TREE = hs.DynamicTree(depth=2, top_k=2, num_nodes=4)
+
+
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("num_layers", NUM_MTP_LAYERS)
+@pytest.mark.parametrize("arch", MTP_ARCHS)
+def test_greedy_output_equals_plain_generate(mtp_targets, arch, num_layers, tree):
+    target, mtp_model = mtp_targets[arch, num_layers]
+    accepted = 0
+    for name in PROMPTS:
+        out = speculative_generate(target, prompt_ids(name), hs.MTPDrafter(mtp_model, tree=tree),
+                                   return_dict_in_generate=True)
+        assert out.sequences.tolist() == plain_generate(target, prompt_ids(name)).tolist(), name
+        accepted += out.speculative_stats.num_accepted_tokens
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("arch", MTP_ARCHS)
+def test_batch_rows_match_their_own_output_and_drafts(mtp_targets, arch, tree):
+    target, mtp_model = mtp_targets[arch, 2]
+    drafts = check_rows_alone(target, lambda: hs.MTPDrafter(mtp_model, tree=tree), eos_settings(target))
+    assert any(tokens for row_drafts in drafts.values() for tokens, _ in row_drafts.values())
+    if tree is not None:
+        assert any(parents != list(range(-1, len(parents) - 1))
+                   for row_drafts in drafts.values() for _, parents in row_drafts.values())
+
+
+def test_sampled_chains_are_lossless_per_row(mtp_targets):
+    target, mtp_model = mtp_targets["deepseek_v3", 2]
+    ratios, accepted = sampled_ratios(target, hs.MTPDrafter(mtp_model))
+    assert accepted > 0
+    assert all(ratio < 1 for ratio in ratios.values()), ratios
+
+
+def test_the_sampling_test_catches_a_broken_verifier(mtp_targets, monkeypatch):
+    monkeypatch.setattr(rejection_module, "residual_distribution", lambda target_probs, draft_probs: target_probs)
+    target, mtp_model = mtp_targets["deepseek_v3", 2]
+    ratios, _ = sampled_ratios(target, hs.MTPDrafter(mtp_model), verifier=hs.RejectionVerifier())
+    assert any(ratio > 3 for ratio in ratios.values()), ratios
+
+
+def transformers_drafts(target, mtp_model, input_ids, monkeypatch) -> dict:
+    """transformers' own `generate(use_mtp=True)` (greedy) with `mtp_model` as its MTP layers: `{committed length:
+    draft tokens}` of every `MTPCandidateGenerator.get_candidates` call that drafted."""
+    drafts = {}
+    get_candidates = candidate_generator.MTPCandidateGenerator.get_candidates
+
+    def record(self, ids, *args, **kwargs):
+        candidates, logits = get_candidates(self, ids, *args, **kwargs)
+        if candidates.shape[1] > ids.shape[1]:
+            drafts[ids.shape[1]] = candidates[0, ids.shape[1]:].tolist()
+        return candidates, logits
+
+    monkeypatch.setattr(candidate_generator.MTPCandidateGenerator, "get_candidates", record)
+    monkeypatch.setattr(MtpModel, "from_pretrained", classmethod(lambda cls, main_model, **kwargs: mtp_model))
+    target.generate(input_ids, use_mtp=True, do_sample=False, max_new_tokens=24)
+    return drafts
+
+
+@pytest.mark.parametrize("num_layers", NUM_MTP_LAYERS)
+@pytest.mark.parametrize("arch", MTP_ARCHS)
+def test_drafts_equal_transformers_mtp_candidate_generator(mtp_targets, arch, num_layers, monkeypatch):
+    """At batch size 1, chains: the same draft tokens at every step. transformers' candidate generator drafts
+    nothing at the first step (it waits for the target's first forward), so ours starts one token later, from
+    the prompt and the target's first token: the steps then coincide."""
+    target, mtp_model = mtp_targets[arch, num_layers]
+    for name in ("random", "repetitive"):
+        theirs = transformers_drafts(target, mtp_model, prompt_ids(name), monkeypatch)
+        drafter, ours = recording(hs.MTPDrafter(mtp_model))
+        first = plain_generate(target, prompt_ids(name), max_new_tokens=1)
+        speculative_generate(target, first, drafter, max_new_tokens=23)
+        ours = {length: tokens for length, (tokens, _) in ours[0].items()}
+        # near max_length we draft only what fits (transformers drafts in full, even with no room left)
+        assert {length: theirs.get(length, [])[: len(tokens)] for length, tokens in ours.items()} == ours
+        assert len(ours) >= len(theirs) - 1 >= 5
+
+
+def counting_forwards(model) -> list:
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_a_target_without_mtp_layers_is_refused_before_any_forward(mtp_targets):
+    target = build_target("llama")
+    calls = counting_forwards(target)
+    with pytest.raises(ValueError, match="declares no multi-token-prediction layers"):
+        speculative_generate(target, prompt_ids("random"), hs.MTPDrafter(mtp_targets["deepseek_v3", 1][1]))
+    with pytest.raises(ValueError, match="declares no multi-token-prediction layers"):
+        hs.MTPDrafter.from_target(target)
+    assert not calls
+
+
+def test_mtp_layers_of_another_target_are_refused_before_any_forward(mtp_targets):
+    other, _ = build_mtp_target("deepseek_v3", 1, seed=3)
+    calls = counting_forwards(other)
+    with pytest.raises(ValueError, match="tied to another model"):
+        speculative_generate(other, prompt_ids("random"), hs.MTPDrafter(mtp_targets["deepseek_v3", 1][1]))
+    assert not calls
