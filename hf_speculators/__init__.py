@@ -3,7 +3,7 @@
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
+    DRAFTERS, DFlashDrafter, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
     LookaheadDrafter, MedusaDrafter, MTPDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .draft import Draft
@@ -27,6 +27,7 @@ __all__ = [
     "DRAFTERS",
     "SCHEDULES",
     "VERIFIERS",
+    "DFlashDrafter",
     "Draft",
     "DraftLengthSchedule",
     "DraftModelDrafter",

@@ -68,3 +68,81 @@ def distill_mtp(mtp_model, target, sequences: list[torch.LongTensor], steps: int
         loss.backward()
         optimizer.step()
     return mtp_model.eval()
+
+
+DFLASH_MASK_TOKEN = VOCAB_SIZE - 2  # PAD (VOCAB_SIZE - 1) is the batch tests' pad token
+
+
+def build_dflash(target, block_size: int = 4, target_layer_ids=(0, 1), seed: int = 4):
+    """A seeded fp32 DFlash drafter (transformers' `MuseGlimmerAssistantModel`, one layer) for `target` (a tiny
+    Llama of `tiny_models`), reading the outputs of `target_layer_ids`."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    hidden_size = target.config.hidden_size
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=256, block_size=block_size,
+        mask_token_id=DFLASH_MASK_TOKEN, target_layer_ids=list(target_layer_ids), initializer_range=INIT_RANGE,
+        **NO_SPECIAL)
+    torch.manual_seed(seed)
+    return MuseGlimmerAssistantModel(config).eval()
+
+
+def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
+    """Trains the DFlash drafter (the target frozen) so that the block anchored at each position a of `sequences`
+    (each `(1, length)`), with the context of the target's features before a, predicts the tokens after a.
+    Returns `model`, in eval mode."""
+    target.requires_grad_(False)
+    block = model.config.block_size
+    with torch.no_grad():
+        features = []
+        for ids in sequences:
+            hidden_states = target(ids, output_hidden_states=True).hidden_states
+            features.append(torch.cat([hidden_states[i + 1] for i in model.config.target_layer_ids], dim=-1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
+    model.train()
+    for _ in range(steps):
+        loss = 0.0
+        for ids, context in zip(sequences, features):
+            for anchor in range(1, ids.shape[1] - block + 1, 2):
+                noise = torch.full((1, block), model.config.mask_token_id)
+                noise[0, 0] = ids[0, anchor]
+                out = model(noise_embeds=embeddings(noise), context_hidden_states=context[:, :anchor],
+                            position_ids=torch.arange(anchor + block)[None])
+                logits = head(out.last_hidden_state[:, 1:])
+                loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, anchor + 1 : anchor + block])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def check_drafts_match_transformers(target, generator_class, make_drafter, monkeypatch, **generate_kwargs):
+    """At batch size 1, chains, greedy, on the "random" and "repetitive" prompts: the draft tokens of our drafter
+    (`make_drafter()`) equal those of transformers' candidate generator `generator_class` that
+    `target.generate(**generate_kwargs)` sets up, at every step. transformers' generator drafts nothing at the
+    first step (it waits for the target's first forward), so ours starts one token later, from the prompt and the
+    target's first token: the steps then coincide. Near max_length we draft only what fits (transformers drafts in
+    full, even with no room left)."""
+    from speculative_helpers import plain_generate, prompt_ids, speculative_generate
+    from test_batch_heads import recording
+
+    get_candidates = generator_class.get_candidates
+    for name in ("random", "repetitive"):
+        theirs = {}
+
+        def record(self, ids, *args, **kwargs):
+            candidates, logits = get_candidates(self, ids, *args, **kwargs)
+            if candidates.shape[1] > ids.shape[1]:
+                theirs[ids.shape[1]] = candidates[0, ids.shape[1]:].tolist()
+            return candidates, logits
+
+        monkeypatch.setattr(generator_class, "get_candidates", record)
+        target.generate(prompt_ids(name), do_sample=False, max_new_tokens=24, **generate_kwargs)
+        drafter, ours = recording(make_drafter())
+        first = plain_generate(target, prompt_ids(name), max_new_tokens=1)
+        speculative_generate(target, first, drafter, max_new_tokens=23)
+        ours = {length: tokens for length, (tokens, _) in ours[0].items()}
+        assert {length: theirs.get(length, [])[: len(tokens)] for length, tokens in ours.items()} == ours
+        assert len(ours) >= len(theirs) - 1 >= 5

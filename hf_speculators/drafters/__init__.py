@@ -1,6 +1,7 @@
 """Drafters and their registry, keyed by the names the CLI's `--method` takes."""
 
 from .base import Drafter
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .hybrid import HybridDrafter
@@ -23,10 +24,11 @@ DRAFTERS: dict[str, type[Drafter]] = {
     LookaheadDrafter.name: LookaheadDrafter,
     SuffixDrafter.name: SuffixDrafter,
     MTPDrafter.name: MTPDrafter,
+    DFlashDrafter.name: DFlashDrafter,
     HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
+    "DRAFTERS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

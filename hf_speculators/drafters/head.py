@@ -26,6 +26,15 @@ class HeadDrafter(Drafter):
     """
 
     converts_per_call = True  # `module_for`: a drafter built for one device and dtype serves any other
+    tree = None  # the token-tree shape (`StaticTree` or `DynamicTree`) of a drafter that drafts trees; else chains
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
+
+    def shape_repr(self) -> str:
+        """What the drafter drafts, for `__repr__`: its tree, or its chains' length."""
+        return f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"
 
     def __init__(self, module: nn.Module, num_draft_tokens: int, owns_module: bool = False):
         super().__init__(num_draft_tokens)

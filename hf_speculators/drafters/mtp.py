@@ -10,7 +10,8 @@ from transformers import DynamicCache
 from ..cache import RaggedCache
 from ..draft import Draft
 from ..sampling import process_logits
-from .base import Drafter, DraftState, StepFeedback, TargetNeeds
+from .base import DraftState, StepFeedback, TargetNeeds
+from .head import HeadDrafter
 from .tree import DynamicTree, StaticTree, position_trees, tree_shape
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -61,7 +62,7 @@ def check_mtp_fits(mtp_model: nn.Module, target, max_length: int | None) -> None
         )
 
 
-class MTPDrafter(Drafter):
+class MTPDrafter(HeadDrafter):
     """Drafts with the target's own multi-token-prediction layers (DeepSeek-V3, Liu et al. 2024, section 2.2; the
     MTP modules of GLM-4.5, Step 3, Bailing, Mellum), run through transformers' `MtpModel`.
 
@@ -98,16 +99,17 @@ class MTPDrafter(Drafter):
 
     name = "mtp"
     state_class = MTPState
+    converts_per_call = False  # the MTP layers run where they were put (tied to the target)
 
     def __init__(self, mtp_model: nn.Module, tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
-        self.mtp_model = mtp_model
         self.num_layers = len(mtp_model.layers)
         self.tree = None if tree is None else tree_shape(tree)
-        super().__init__(self.num_layers if self.tree is None else min(self.tree.depth, self.num_layers))
+        super().__init__(mtp_model, self.num_layers if self.tree is None else min(self.tree.depth, self.num_layers))
 
     @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None
+    def mtp_model(self) -> nn.Module:
+        """The MTP layers as given (or loaded)."""
+        return self.module
 
     @classmethod
     def from_target(cls, target, tree=None) -> "MTPDrafter":
@@ -215,12 +217,5 @@ class MTPDrafter(Drafter):
                 layer_probs[sampling] = picked_probs
         return tokens, layer_probs
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
-        raise RuntimeError(
-            "MTPDrafter drafts from the target's hidden states, which only hf_speculators.generate records; run it "
-            "through model.generate(..., custom_generate=hf_speculators.generate)."
-        )
-
     def __repr__(self) -> str:
-        shape = f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"
-        return f"MTPDrafter({self.num_layers} MTP layers, {shape})"
+        return f"MTPDrafter({self.num_layers} MTP layers, {self.shape_repr()})"
