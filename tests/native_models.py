@@ -2,10 +2,19 @@
 
 import torch
 from tiny_models import INIT_RANGE, VOCAB_SIZE
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
+from safetensors.torch import load_file, save_file
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    MellumConfig,
+    MellumForCausalLM,
+)
 from transformers.modeling_layers import MtpModel
 
-MTP_ARCHS = ("deepseek_v3", "glm4_moe")
+MTP_ARCHS = ("deepseek_v3", "glm4_moe")  # built in memory (transformers loads their MTP weights only at full depth)
+MODEL_CLASSES = {"deepseek_v3": DeepseekV3ForCausalLM, "glm4_moe": Glm4MoeForCausalLM, "mellum": MellumForCausalLM}
 NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
@@ -21,6 +30,10 @@ def mtp_config(arch: str, num_mtp_layers: int, num_layers: int = 2, hidden_size:
                                 v_head_dim=8, **{**common, "num_key_value_heads": 4})
     if arch == "glm4_moe":
         return Glm4MoeConfig(head_dim=hidden_size // 4, partial_rotary_factor=0.5, **common)
+    if arch == "mellum":  # per-layer-type RoPE (the target's rotary serves only the types its layers have)
+        moe = ("n_routed_experts", "n_shared_experts", "n_group", "topk_group", "first_k_dense_replace")
+        return MellumConfig(head_dim=hidden_size // 4, num_experts=4, mtp_layer_types=["full_attention"],
+                            **{k: v for k, v in common.items() if k not in moe})
     raise ValueError(f"unknown MTP architecture {arch!r}")
 
 
@@ -29,8 +42,7 @@ def build_mtp_target(arch: str, num_mtp_layers: int = 1, seed: int = 1):
     transformers' `MtpModel` of `num_mtp_layers` layers tied to it, randomly initialized from `seed + 1`."""
     torch.manual_seed(seed)
     config = mtp_config(arch, num_mtp_layers)
-    model_class = {"deepseek_v3": DeepseekV3ForCausalLM, "glm4_moe": Glm4MoeForCausalLM}[arch]
-    target = model_class(config).eval()
+    target = MODEL_CLASSES[arch](config).eval()
     generation_config = target.generation_config
     generation_config.bos_token_id = generation_config.eos_token_id = generation_config.pad_token_id = None
     torch.manual_seed(seed + 1)
@@ -39,35 +51,19 @@ def build_mtp_target(arch: str, num_mtp_layers: int = 1, seed: int = 1):
     return target, mtp_model
 
 
-def distill_mtp(mtp_model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
-    """Trains the MTP layers (the target frozen) so that layer k at position t predicts the target's own greedy
-    token x_{t+2+k} of `sequences` (each `(1, length)`), from the target's last hidden states: drafts then get
-    accepted often. Returns `mtp_model`, in eval mode; the target's parameters are left frozen."""
-    target.requires_grad_(False)
-    with torch.no_grad():
-        features = [target(ids, output_hidden_states=True).hidden_states[-1] for ids in sequences]
-    parameters = [p for name, p in mtp_model.named_parameters()
-                  if not name.startswith(("embed_tokens", "shared_head"))]
-    optimizer = torch.optim.Adam(parameters, lr=lr)
-    mtp_model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for ids, hidden in zip(sequences, features):
-            layer_hidden = hidden[:, :-1]
-            for k in range(len(mtp_model.layers)):
-                length = ids.shape[1] - 2 - k
-                if length < 1:
-                    break
-                layer_hidden = layer_hidden[:, :length]
-                positions = torch.arange(k + 1, k + 1 + length)[None]
-                layer_hidden = mtp_model.forward_layer(k, layer_hidden, positions, None,
-                                                       input_ids=ids[:, k + 1 : k + 1 + length])
-                logits = mtp_model._project_to_logits(layer_hidden)
-                loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, k + 2 : k + 2 + length])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return mtp_model.eval()
+def save_mellum_with_mtp(target, mtp_model, folder: str):
+    """Saves a Mellum `target` with its MTP layers beside its weights, in Mellum's checkpoint layout (`mtp.layers.K.`
+    keys), which transformers' `MtpModel.from_pretrained` reads for any depth; returns the target loaded back from
+    `folder` (its `name_or_path` then points at the MTP weights)."""
+    target.save_pretrained(folder)
+    weights = load_file(f"{folder}/model.safetensors")
+    for name, tensor in mtp_model.state_dict().items():
+        if not name.startswith(("embed_tokens", "shared_head")):  # the target's own, shared
+            weights["mtp." + name.replace(".mtp_block.", ".")] = tensor.contiguous()
+    save_file(weights, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    loaded = MellumForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    loaded.generation_config = target.generation_config
+    return loaded
 
 
 DFLASH_MASK_TOKEN = VOCAB_SIZE - 2  # PAD (VOCAB_SIZE - 1) is the batch tests' pad token
@@ -86,36 +82,6 @@ def build_dflash(target, block_size: int = 4, target_layer_ids=(0, 1), seed: int
         **NO_SPECIAL)
     torch.manual_seed(seed)
     return MuseGlimmerAssistantModel(config).eval()
-
-
-def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
-    """Trains the DFlash drafter (the target frozen) so that the block anchored at each position a of `sequences`
-    (each `(1, length)`), with the context of the target's features before a, predicts the tokens after a.
-    Returns `model`, in eval mode."""
-    target.requires_grad_(False)
-    block = model.config.block_size
-    with torch.no_grad():
-        features = []
-        for ids in sequences:
-            hidden_states = target(ids, output_hidden_states=True).hidden_states
-            features.append(torch.cat([hidden_states[i + 1] for i in model.config.target_layer_ids], dim=-1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
-    model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for ids, context in zip(sequences, features):
-            for anchor in range(1, ids.shape[1] - block + 1, 2):
-                noise = torch.full((1, block), model.config.mask_token_id)
-                noise[0, 0] = ids[0, anchor]
-                out = model(noise_embeds=embeddings(noise), context_hidden_states=context[:, :anchor],
-                            position_ids=torch.arange(anchor + block)[None])
-                logits = head(out.last_hidden_state[:, 1:])
-                loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, anchor + 1 : anchor + block])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
 
 
 def check_drafts_match_transformers(target, generator_class, make_drafter, monkeypatch, **generate_kwargs):

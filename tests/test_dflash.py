@@ -3,7 +3,7 @@ target: greedy output equal to plain `generate` (chains, trees, batches), lossle
 transformers' `DFlashTokenCandidateGenerator`'s, and the errors raised before any forward."""
 
 import pytest
-from native_models import build_dflash, check_drafts_match_transformers, distill_dflash
+from native_models import build_dflash, check_drafts_match_transformers
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
 from test_batch_heads import check_rows_alone, eos_settings, sampled_ratios
 from test_mtp import counting_forwards
@@ -12,6 +12,8 @@ from transformers.generation import candidate_generator
 
 import hf_speculators as hs
 import hf_speculators.verifiers.rejection as rejection_module
+from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
+from hf_speculators.training.native import distill_dflash
 
 TREE = hs.DynamicTree(depth=3, top_k=2, num_nodes=6)
 
@@ -81,3 +83,22 @@ def test_a_drafter_made_for_another_target_is_refused_before_any_forward(dflash)
 def test_num_draft_tokens_beyond_the_block_is_refused(dflash):
     with pytest.raises(ValueError, match=r"num_draft_tokens must be an integer in 1..3"):
         hs.DFlashDrafter(dflash[1], num_draft_tokens=4)
+
+
+def test_a_saved_drafter_loads_and_runs_in_the_bench_beside_transformers(dflash, tokenizer, tmp_path):
+    """A DFlash checkpoint (safetensors) loads by `SpeculativeConfig(method="dflash")`; `hf-dflash` (transformers'
+    `speculation_type="dflash"`), `dflash` and `dflash-tree` run side by side in `run_benchmark`, all reproducing
+    plain greedy decoding."""
+    target, model = dflash
+    model.save_pretrained(tmp_path)
+    drafter = hs.SpeculativeConfig(method="dflash", draft_model=str(tmp_path)).build(target)[0]
+    assert isinstance(drafter, hs.DFlashDrafter) and drafter.num_draft_tokens == 3
+    methods = named_methods(["hf-dflash", "dflash", "dflash-tree"], dflash_model=str(tmp_path))
+    result = run_benchmark(target, tokenizer, ["to be or not", "the king"], methods, BenchSettings(max_new_tokens=12))
+    assert result.ok and not result.skipped
+
+
+def test_a_speculators_format_checkpoint_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"speculators_model_type": "dflash", "speculators_config": {}}')
+    with pytest.raises(ValueError, match="vllm-project/speculators checkpoint .*vLLM runs it"):
+        hs.DFlashDrafter.from_pretrained(str(tmp_path))

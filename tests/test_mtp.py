@@ -3,8 +3,12 @@ DeepSeek-V3 and GLM-4.5 MoE targets: greedy output equal to plain `generate` (ch
 sampling, drafts equal to transformers' `MTPCandidateGenerator`'s, and the errors raised before any forward."""
 
 import pytest
-import torch
-from native_models import MTP_ARCHS, build_mtp_target, check_drafts_match_transformers, distill_mtp
+from native_models import (
+    MTP_ARCHS,
+    build_mtp_target,
+    check_drafts_match_transformers,
+    save_mellum_with_mtp,
+)
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
 from test_batch_heads import check_rows_alone, eos_settings, sampled_ratios
 from tiny_models import build_target
@@ -13,6 +17,8 @@ from transformers.modeling_layers import MtpModel
 
 import hf_speculators as hs
 import hf_speculators.verifiers.rejection as rejection_module
+from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
+from hf_speculators.training.native import distill_mtp
 
 NUM_MTP_LAYERS = (1, 2)
 
@@ -105,3 +111,32 @@ def test_mtp_layers_of_another_target_are_refused_before_any_forward(mtp_targets
     with pytest.raises(ValueError, match="tied to another model"):
         speculative_generate(other, prompt_ids("random"), hs.MTPDrafter(mtp_targets["deepseek_v3", 1][1]))
     assert not calls
+
+
+@pytest.fixture(scope="module")
+def mellum(tmp_path_factory):
+    """A tiny Mellum target saved with its (distilled) MTP layer beside its weights and loaded back."""
+    target, mtp_model = build_mtp_target("mellum", 1)
+    distill_mtp(mtp_model, target, [plain_generate(target, prompt_ids("random"), max_new_tokens=40)])
+    return save_mellum_with_mtp(target, mtp_model, str(tmp_path_factory.mktemp("mellum")))
+
+
+def test_mtp_weights_beside_a_checkpoint_load_as_transformers_loads_them(mellum, monkeypatch):
+    """`MTPDrafter.from_target` reads the MTP layer stored beside a Mellum checkpoint (per-layer-type RoPE); its greedy output is plain generate's and its drafts those of transformers'
+    `generate(use_mtp=True)`, which loads the same weights itself."""
+    drafter = hs.MTPDrafter.from_target(mellum)
+    for name in PROMPTS:
+        expected = plain_generate(mellum, prompt_ids(name))
+        assert speculative_generate(mellum, prompt_ids(name), drafter).tolist() == expected.tolist(), name
+    check_drafts_match_transformers(mellum, candidate_generator.MTPCandidateGenerator,
+                                    lambda: hs.MTPDrafter.from_target(mellum), monkeypatch, use_mtp=True)
+
+
+def test_the_mtp_methods_run_in_the_bench_beside_transformers(mellum, tokenizer):
+    """`hf-mtp` (transformers' `use_mtp=True`), `mtp` and `mtp-tree` side by side through `run_benchmark`: all
+    reproduce plain greedy decoding, and ours report acceptance."""
+    methods = named_methods(["hf-mtp", "mtp", "mtp-tree"], num_draft_tokens=1)
+    result = run_benchmark(mellum, tokenizer, ["to be or not", "the king"], methods, BenchSettings(max_new_tokens=12))
+    assert result.ok and not result.skipped
+    assert result.summary["all"]["mtp"]["mean_acceptance_length"] >= 1
+    assert hs.SpeculativeConfig(method="mtp").to_dict() == {"method": "mtp"}

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from ..cache import RaggedCache
 from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
-from .head import HeadDrafter
+from .head import HeadDrafter, bounded_depth
 from .tree import DynamicTree, StaticTree, position_trees, tree_shape
 
 
@@ -99,11 +99,7 @@ class DFlashDrafter(HeadDrafter):
                  tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
         self.block_size = model.config.block_size
         self.tree = None if tree is None else tree_shape(tree)
-        most = self.block_size - 1
-        if num_draft_tokens is not None and not (isinstance(num_draft_tokens, int) and 1 <= num_draft_tokens <= most):
-            raise ValueError(f"num_draft_tokens must be an integer in 1..{most} (block_size - 1), got "
-                             f"{num_draft_tokens!r}.")
-        depth = min(self.tree.depth, most) if self.tree is not None else num_draft_tokens or most
+        depth = bounded_depth(num_draft_tokens, self.tree, self.block_size - 1, "block_size - 1")
         super().__init__(model, depth)
 
     @property
@@ -114,8 +110,19 @@ class DFlashDrafter(HeadDrafter):
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
                         num_draft_tokens: int | None = None, tree=None) -> "DFlashDrafter":
-        """The drafter of a DFlash checkpoint (safetensors), loaded by transformers' `MuseGlimmerAssistantModel`."""
-        from transformers import MuseGlimmerAssistantModel
+        """The drafter of a DFlash checkpoint (safetensors), loaded by transformers' `MuseGlimmerAssistantModel`.
+
+        Raises:
+            `ValueError`: a checkpoint in the vllm-project/speculators format (vLLM runs those).
+        """
+        from transformers import MuseGlimmerAssistantModel, PretrainedConfig
+
+        config_json, _ = PretrainedConfig.get_config_dict(repo_id_or_path, revision=revision, token=token)
+        if "speculators_model_type" in config_json:
+            raise ValueError(
+                f"{repo_id_or_path} is a vllm-project/speculators checkpoint ({config_json['speculators_model_type']}): "
+                "vLLM runs it (SpeculativeConfig.to_vllm()); DFlashDrafter loads transformers' DFlash checkpoints."
+            )
 
         model = MuseGlimmerAssistantModel.from_pretrained(repo_id_or_path, revision=revision, token=token,
                                                           use_safetensors=True)

@@ -11,7 +11,7 @@ from ..cache import RaggedCache
 from ..draft import Draft
 from ..sampling import process_logits
 from .base import DraftState, StepFeedback, TargetNeeds
-from .head import HeadDrafter
+from .head import HeadDrafter, bounded_depth
 from .tree import DynamicTree, StaticTree, position_trees, tree_shape
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -81,11 +81,13 @@ class MTPDrafter(HeadDrafter):
     Args:
         mtp_model (`MtpModel`): transformers' MTP layers, tied to the target (`MtpModel.from_pretrained(target)`
             or `MtpModel(target, num_mtp_layers)`), on the target's device and dtype.
+        num_draft_tokens (`int`, *optional*): draft tokens per step, at most (and by default) `num_mtp_layers`
+            (every layer still runs, so that the MTP cache stays whole).
         tree (`StaticTree`, `DynamicTree`, a list of paths or a mapping, *optional*): draft a token tree of this
-            shape (see `tree_shape`), at most `num_mtp_layers` deep, instead of a chain of `num_mtp_layers`.
+            shape (see `tree_shape`), at most `num_mtp_layers` deep, instead of a chain.
 
     Raises:
-        `ValueError`: at construction for a malformed tree; at the start of generation (before any forward), see
+        `ValueError`: at construction for `num_draft_tokens` outside `1 .. num_mtp_layers` or a malformed tree; at the start of generation (before any forward), see
             `check_mtp_fits`.
         `RuntimeError`: from `get_candidates` (transformers' own loop does not pass hidden states).
 
@@ -101,10 +103,11 @@ class MTPDrafter(HeadDrafter):
     state_class = MTPState
     converts_per_call = False  # the MTP layers run where they were put (tied to the target)
 
-    def __init__(self, mtp_model: nn.Module, tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
+    def __init__(self, mtp_model: nn.Module, num_draft_tokens: int | None = None,
+                 tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
         self.num_layers = len(mtp_model.layers)
         self.tree = None if tree is None else tree_shape(tree)
-        super().__init__(mtp_model, self.num_layers if self.tree is None else min(self.tree.depth, self.num_layers))
+        super().__init__(mtp_model, bounded_depth(num_draft_tokens, self.tree, self.num_layers, "one per MTP layer"))
 
     @property
     def mtp_model(self) -> nn.Module:
@@ -112,7 +115,7 @@ class MTPDrafter(HeadDrafter):
         return self.module
 
     @classmethod
-    def from_target(cls, target, tree=None) -> "MTPDrafter":
+    def from_target(cls, target, num_draft_tokens: int | None = None, tree=None) -> "MTPDrafter":
         """The drafter of the MTP layers stored beside `target`'s checkpoint (`target.config.name_or_path`), loaded
         by transformers' `MtpModel.from_pretrained` as `generate(use_mtp=True)` loads them.
 
@@ -123,7 +126,7 @@ class MTPDrafter(HeadDrafter):
 
         check_has_mtp_layers(target)
         device = next(target.get_decoder().layers[-1].parameters()).device
-        return cls(MtpModel.from_pretrained(target, device_map={"": device}).eval(), tree)
+        return cls(MtpModel.from_pretrained(target, device_map={"": device}).eval(), num_draft_tokens, tree)
 
     def target_needs(self, target) -> TargetNeeds:
         return TargetNeeds(final_norm=True)
@@ -160,6 +163,7 @@ class MTPDrafter(HeadDrafter):
         widths = [0 if window is None else len(window) for window in windows]
         if not any(widths):
             return [Draft.empty(ids.device) for ids in input_ids]
+        budgets = [min(budget, self.num_draft_tokens) if w else 0 for budget, w in zip(max_tokens, widths)]
         device, width, num_rows = input_ids[0].device, max(widths), len(rows)
         some = next(window for window in windows if window is not None)
         hidden = torch.nn.utils.rnn.pad_sequence([some[:0] if w is None else w for w in windows], batch_first=True)
@@ -180,7 +184,7 @@ class MTPDrafter(HeadDrafter):
             hidden = self._layer(k, token_ids, hidden, (base + k).to(device), mask, cache.cache)
             logits = self.mtp_model._project_to_logits(hidden[torch.arange(num_rows), last.to(hidden.device)])
             logits_per_layer.append(logits)
-            tokens, layer_probs = self._pick(state, input_ids, drafted, logits, max_tokens, k)
+            tokens, layer_probs = self._pick(state, input_ids, drafted, logits, budgets, k)
             for i in range(num_rows):
                 drafted[i].append(tokens[i : i + 1])
                 probs[i].append(None if layer_probs is None else layer_probs[i])
@@ -190,7 +194,6 @@ class MTPDrafter(HeadDrafter):
         for row, window, count in zip(rows, windows, kept):
             if window is not None:
                 state.window[row] = window[count:]
-        budgets = [min(budget, self.num_layers) if w else 0 for budget, w in zip(max_tokens, widths)]
         if self.tree is not None:
             position_logits = [torch.stack([layer[i] for layer in logits_per_layer]) for i in range(num_rows)]
             return position_trees(self.tree, input_ids, state.logits_processor, position_logits, budgets)
@@ -198,13 +201,13 @@ class MTPDrafter(HeadDrafter):
                             torch.stack(probs[i][:budget]) if state.do_sample else None)
                 if budget else Draft.empty(device) for i, budget in enumerate(budgets)]
 
-    def _pick(self, state: MTPState, input_ids, drafted, logits, max_tokens, k: int):
+    def _pick(self, state: MTPState, input_ids, drafted, logits, budgets, k: int):
         """Token k of every row `(num_rows,)` and, when sampling chains, the distributions it was drawn from: the
         call's processors over each row's committed tokens and drafts so far; a row past its budget (or a tree's
         path) takes the processed argmax and draws nothing from the generator."""
         prefixes = [torch.cat([ids, *(token[None] for token in drafted[i])], dim=-1) if drafted[i] else ids
                     for i, ids in enumerate(input_ids)]
-        sampling = [i for i, budget in enumerate(max_tokens) if budget > k] if self.tree is None else []
+        sampling = [i for i, budget in enumerate(budgets) if budget > k] if self.tree is None else []
         if len(sampling) == len(input_ids):
             return state.draft_tokens(prefixes, logits)
         tokens = process_logits(state.logits_processor, prefixes, logits).argmax(dim=-1)
