@@ -102,3 +102,11 @@ def test_a_speculators_format_checkpoint_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"speculators_model_type": "dflash", "speculators_config": {}}')
     with pytest.raises(ValueError, match="vllm-project/speculators checkpoint .*vLLM runs it"):
         hs.DFlashDrafter.from_pretrained(str(tmp_path))
+
+
+def test_the_goodput_schedule_keeps_the_output(dflash):
+    target, model = dflash
+    for name in PROMPTS:
+        out = speculative_generate(target, prompt_ids(name), hs.DFlashDrafter(model),
+                                   num_draft_tokens_schedule="goodput")
+        assert out.tolist() == plain_generate(target, prompt_ids(name)).tolist(), name

@@ -140,3 +140,12 @@ def test_the_mtp_methods_run_in_the_bench_beside_transformers(mellum, tokenizer)
     assert result.ok and not result.skipped
     assert result.summary["all"]["mtp"]["mean_acceptance_length"] >= 1
     assert hs.SpeculativeConfig(method="mtp").to_dict() == {"method": "mtp"}
+
+
+@pytest.mark.parametrize("schedule", ["goodput", "heuristic"])
+def test_draft_length_schedules_keep_the_output(mtp_targets, schedule):
+    target, mtp_model = mtp_targets["glm4_moe", 2]
+    for name in PROMPTS:
+        out = speculative_generate(target, prompt_ids(name), hs.MTPDrafter(mtp_model),
+                                   num_draft_tokens_schedule=schedule)
+        assert out.tolist() == plain_generate(target, prompt_ids(name)).tolist(), name

@@ -152,24 +152,31 @@ class MTPDrafter(HeadDrafter):
                                       attention_mask=mask, position_ids=position_ids, past_key_values=cache)
         return mtp.shared_post_norm(hidden_states) if mtp.use_shared_post_norm else hidden_states
 
-    @torch.no_grad()
-    def propose(self, state: MTPState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
-                rows: Sequence[int]) -> list[Draft]:
-        # 1. each row's window: the uncached slots t = c .. n - 2 of its features (rows that finished leave)
-        cache = state.mtp_cache
-        cache.keep_rows(list(rows))
+    def _windows(self, state: MTPState, rows: Sequence[int]):
+        """Each row's window of uncached slots t = c .. n - 2 (rows that finished leave the MTP cache): the
+        windows as given (`None`: no feature yet), their widths, and the padded features `(num_rows, width,
+        hidden_size)`."""
+        state.mtp_cache.keep_rows(list(rows))
         windows = [state.window.get(row) for row in rows]
         state.window = {row: window for row, window in zip(rows, windows) if window is not None}
         widths = [0 if window is None else len(window) for window in windows]
         if not any(widths):
-            return [Draft.empty(ids.device) for ids in input_ids]
-        budgets = [min(budget, self.num_draft_tokens) if w else 0 for budget, w in zip(max_tokens, widths)]
-        device, width, num_rows = input_ids[0].device, max(widths), len(rows)
+            return windows, widths, None
         some = next(window for window in windows if window is not None)
-        hidden = torch.nn.utils.rnn.pad_sequence([some[:0] if w is None else w for w in windows], batch_first=True)
+        return windows, widths, torch.nn.utils.rnn.pad_sequence([some[:0] if w is None else w for w in windows],
+                                                                batch_first=True)
+
+    @torch.no_grad()
+    def propose(self, state: MTPState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
+                rows: Sequence[int]) -> list[Draft]:
+        # 1. each row's window of uncached slots; a row with no feature yet (a one-token prompt) drafts nothing
+        windows, widths, hidden = self._windows(state, rows)
+        if hidden is None:
+            return [Draft.empty(ids.device) for ids in input_ids]
+        cache, device, width, num_rows = state.mtp_cache, input_ids[0].device, max(widths), len(rows)
+        budgets = [min(budget, self.num_draft_tokens) if w else 0 for budget, w in zip(max_tokens, widths)]
         valid = torch.arange(width)[None] < torch.tensor(widths)[:, None]  # [rows, width]
-        dtype = hidden.dtype
-        mask = None if num_rows == 1 and width == 1 else cache.additive_mask(valid, dtype).to(device)
+        mask = None if num_rows == 1 and width == 1 else cache.additive_mask(valid, hidden.dtype).to(device)
         base = cache.lengths[:, None] + torch.arange(width) + 1  # [rows, width] position of layer 0's tokens
         last = torch.tensor(widths).clamp_min(1) - 1
         # each row's committed tokens from x_{c+1} on, then its draft tokens: layer k reads entries k .. k + width
