@@ -3,9 +3,9 @@
 Builds two seeded checkpoints in `--work` (no download), then runs `run_benchmark` on Tiny Shakespeare prompts,
 every method side by side in one process, one thread:
 
-- `mtp-target`: a Mellum target (random MoE weights over the demo tokenizer's 4096 tokens) with one MTP layer
-  stored beside its weights in Mellum's checkpoint layout, the layer distilled briefly (`distill_mtp`) on the
-  target's own greedy continuations of Tiny Shakespeare lines. transformers' `generate(use_mtp=True)` and our
+- `mtp-target`: a small Mellum target (MoE, the demo tokenizer's 4096 tokens) trained briefly on Tiny Shakespeare
+  (`--target-steps`), with one MTP layer stored beside its weights in Mellum's checkpoint layout, the layer distilled
+  briefly (`distill_mtp`) on the target's own greedy continuations of Tiny Shakespeare lines. transformers' `generate(use_mtp=True)` and our
   `MTPDrafter.from_target` both load it from there.
 - `dflash`: a one-layer DFlash block drafter (transformers' `MuseGlimmerAssistantModel`) for the trained demo
   target, reading the outputs of its layers 1, 3 and 5 (the last: the final norm's), distilled the same way.
@@ -49,15 +49,34 @@ def greedy_sequences(target, tokenizer, texts: list[str], new_tokens: int) -> li
                 for text in texts]
 
 
-def build_mtp_target(folder: Path, tokenizer, train_texts: list[str], steps: int) -> None:
-    """A seeded Mellum target with a distilled MTP layer beside its weights (Mellum's `mtp.layers.0.` keys)."""
+def train_target(target, tokenizer, corpus: str, steps: int, length: int = 128, batch_size: int = 8) -> None:
+    """Next-token training of `target` on random `length`-token windows of `corpus` (AdamW, lr 3e-3, seeded)."""
+    ids = torch.tensor(tokenizer(corpus[:400_000])["input_ids"])
+    generator = torch.Generator().manual_seed(SEED)
+    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3, weight_decay=0.0)
+    target.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - length - 1, (batch_size,), generator=generator)
+        batch = torch.stack([ids[start : start + length] for start in starts.tolist()])
+        loss = target(batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    target.eval()
+
+
+def build_mtp_target(folder: Path, tokenizer, corpus: str, train_texts: list[str], target_steps: int,
+                     steps: int) -> None:
+    """A seeded Mellum target, trained for `target_steps`, with a distilled MTP layer beside its weights (Mellum's
+    `mtp.layers.0.` keys)."""
     torch.manual_seed(SEED)
     config = MellumConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
-                          num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=512, initializer_range=0.1,
+                          num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          num_experts=4, num_experts_per_tok=2, max_position_embeddings=512,
                           num_mtp_layers=1, mtp_layer_types=["full_attention"], tie_word_embeddings=False,
                           bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = MellumForCausalLM(config).eval()
+    target = MellumForCausalLM(config)
+    train_target(target, tokenizer, corpus, target_steps)
     mtp_model = MtpModel(target, 1)
     mtp_model.layers.apply(target._init_weights)  # the constructor leaves the experts' weights uninitialized
     distill_mtp(mtp_model, target, greedy_sequences(target, tokenizer, train_texts, 96), steps=steps)
@@ -100,6 +119,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--steps", type=int, default=300, help="distillation steps of each drafter")
+    parser.add_argument("--target-steps", type=int, default=400, help="training steps of the Mellum target")
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = args.data / "tinyshakespeare_input.txt"
@@ -108,7 +128,7 @@ def main() -> None:
     demo = LlamaForCausalLM.from_pretrained(resolve_model_id(DEMO_TARGET), dtype=torch.float32).eval()
     mtp_folder, dflash_folder = args.work / "mtp-target", args.work / "dflash"
     if not (mtp_folder / "model.safetensors").exists():
-        build_mtp_target(mtp_folder, tokenizer, train_texts, args.steps)
+        build_mtp_target(mtp_folder, tokenizer, corpus.read_text(), train_texts, args.target_steps, args.steps)
     if not (dflash_folder / "model.safetensors").exists():
         build_dflash(dflash_folder, demo, tokenizer, train_texts, args.steps)
     mellum = MellumForCausalLM.from_pretrained(mtp_folder, dtype=torch.float32).eval()
