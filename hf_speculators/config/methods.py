@@ -10,10 +10,12 @@ from .speculative_config import SpeculativeConfig
 SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantization in QUANTIZATIONS}
 # method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
 HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
-                "medusa-tree": "medusa_head", "hybrid-eagle3": "eagle_head", "dflash": "dflash_model",
-                "dflash-tree": "dflash_model"}
-# the target's own multi-token-prediction layers (beside its checkpoint): no option to name
-NATIVE_METHODS = ("mtp", "mtp-tree")
+                "medusa-tree": "medusa_head", "hybrid-eagle3": "eagle_head"}
+# the drafters transformers ships: the target's own MTP layers (beside its checkpoint, no option) and DFlash block
+# drafters (method -> the option naming the checkpoint)
+NATIVE_METHODS = {"mtp": None, "mtp-tree": None, "dflash": "dflash_model", "dflash-tree": "dflash_model"}
+# method -> the option naming the checkpoint it drafts with
+CHECKPOINT_OPTIONS = {**HEAD_METHODS, **{name: option for name, option in NATIVE_METHODS.items() if option}}
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "suffix", "lookahead", "draft-model", "draft-model-tree",
            "hybrid", "layer-skip", *SELF_DRAFT_METHODS, *HEAD_METHODS, *NATIVE_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree", "hybrid")

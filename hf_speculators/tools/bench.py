@@ -755,7 +755,7 @@ def named_methods(
     if needs_exit and options.get("exit_layer") is None:
         raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
     for method in names:
-        option = speculative_methods.HEAD_METHODS.get(method.removeprefix("hf-"))
+        option = speculative_methods.CHECKPOINT_OPTIONS.get(method.removeprefix("hf-"))
         if option is not None and options.get(option) is None:
             raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
     chosen = {}
