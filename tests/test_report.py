@@ -44,6 +44,16 @@ def test_report_tables_hold_the_summary_figures():
                             "| all | 1.00x |"]
 
 
+def test_report_of_a_sampled_run_has_no_identical_output_column():
+    sampled = [{**r, "provenance": {**r["provenance"], "run": {"settings": {"max_new_tokens": 16, "do_sample": True,
+                                                                            "temperature": 0.7, "seed": 0}}}}
+               for r in RECORDS]
+    lines = markdown_report(sampled).splitlines()
+    assert lines[0].endswith("16 new tokens, sampling (temperature 0.7, seed 0).")
+    assert "identical to plain" not in lines[2]
+    assert "| `prompt-lookup` | 2 | 20.0 | 1.00x | 1.50 | 0.200 | 2.00 |" in lines
+
+
 def test_report_without_records_raises():
     with pytest.raises(ValueError, match="No benchmark records"):
         markdown_report([])
