@@ -43,3 +43,16 @@ def test_links_point_at_files_of_the_repository(name):
     local = [link for link in links if "://" not in link]
     assert local, f"{name} links to the documentation"
     assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/guides/python.md"])
+def test_stats_tables_name_fields_that_exist(page):
+    """Every `name` in the first column of the `| field | meaning |` table is an attribute of SpeculativeStats."""
+    lines = (ROOT / page).read_text().splitlines()
+    start = lines.index("| field | meaning |")
+    rows = [line for line in lines[start + 2:] if line.startswith("|")]
+    rows = rows[:next((i for i, line in enumerate(lines[start + 2:]) if not line.startswith("|")), len(rows))]
+    fields = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert "mean_acceptance_length" in fields, f"{page}: the speculative_stats table"
+    stats = hf_speculators.SpeculativeStats()
+    assert sorted(name for name in fields if not hasattr(stats, name)) == []
