@@ -349,3 +349,19 @@ def test_a_tree_drafter_refuses_another_tokenizer(zoo, tokenizer):
     drafter = hs.TreeDrafter(reversed_draft(), draft_tokenizer=reversed_tokenizer())
     with pytest.raises(ValueError, match=r"token trees are drafted in the target's vocabulary: use DraftModelDrafter"):
         speculative_generate(zoo.target("llama"), prompt_ids("random"), drafter, target_tokenizer=tokenizer)
+
+
+def test_bench_runs_transformers_universal_assisted_generation_beside_ours(bpe_pair):
+    """`hf-universal-assisted` (transformers' assistant_model= with tokenizer= and assistant_tokenizer=) and our
+    draft-model method with the draft's tokenizer both reproduce plain greedy output."""
+    from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
+
+    target, target_tokenizer, draft, draft_tokenizer = bpe_pair
+    methods = named_methods(["hf-universal-assisted", "draft-model"], num_draft_tokens=3)
+    settings = BenchSettings(max_new_tokens=12, verbose=False)
+    result = run_benchmark(target, target_tokenizer, ["The quick brown", "def add(a, b):"], methods, settings,
+                           draft=draft, draft_tokenizer=draft_tokenizer)
+    assert result.ok and {r["method"] for r in result.records} == {"plain", "hf-universal-assisted", "draft-model"}
+    assert all(r["identical_to_plain"] for r in result.records)
+    ours = [r for r in result.records if r["method"] == "draft-model"]
+    assert all(r["num_drafted_tokens"] > 0 for r in ours)
