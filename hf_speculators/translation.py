@@ -137,6 +137,8 @@ class TokenizerBridge:
     def __init__(self, target_tokenizer, draft_tokenizer, target_width: int, draft_width: int):
         self.target_tokenizer, self.draft_tokenizer = target_tokenizer, draft_tokenizer
         self.target_width, self.draft_width = target_width, draft_width
+        bos = draft_tokenizer.bos_token_id  # the draft's BOS, when its tokenizer puts one before a text prompt
+        self.draft_bos = [bos] if bos is not None and draft_tokenizer.encode("a")[:1] == [bos] else []
 
     @cached_property
     def vocabulary(self) -> VocabularyMap:
@@ -145,8 +147,8 @@ class TokenizerBridge:
 
     def to_draft(self, target_ids: list[int]) -> list[int]:
         """The draft's tokens `(m,)` of the text of committed target tokens `(n,)`: decoded with their special tokens
-        as text (a special token the draft's tokenizer also has becomes its id) except a leading BOS, and encoded with
-        the draft's special tokens (its BOS, as for a text prompt).
+        as text (a special token the draft's tokenizer also has becomes its id) except a leading BOS, and encoded
+        after the draft's BOS if its tokenizer puts one before a text prompt.
 
         Raises:
             `ValueError`: an encoding with an id at or over the draft's logits width (a tokenizer that does not
@@ -154,7 +156,8 @@ class TokenizerBridge:
         """
         bos = self.target_tokenizer.bos_token_id
         start = 1 if target_ids and bos is not None and target_ids[0] == bos else 0
-        ids = self.draft_tokenizer.encode(decode(self.target_tokenizer, target_ids[start:]), add_special_tokens=True)
+        ids = self.draft_bos + self.draft_tokenizer.encode(decode(self.target_tokenizer, target_ids[start:]),
+                                                           add_special_tokens=False)
         if ids and max(ids) >= self.draft_width:
             raise ValueError(f"The draft tokenizer gave token id {max(ids)}, but the draft model scores "
                              f"{self.draft_width} tokens: pass the draft model's own tokenizer as draft_tokenizer=.")
@@ -176,16 +179,21 @@ class TokenizerBridge:
         window's own tokens, the tokens after them are the draft; when it merges across the boundary (the
         committed tokens end inside a word the draft continues), the text is encoded on its own. Either is kept only
         if the committed window and it decode to the window's text and the draft's (string-level exact match). The
-        result is cut before the first id at or over the target's logits width.
+        result is cut before the first id at or over the target's logits width. A draft EOS ends the text and
+        becomes the target's EOS.
 
         Args:
             committed (`list[int]`): the row's committed target tokens.
             draft_context (`list[int]`): the draft's tokens of the same text (`to_draft`).
             draft_ids (`list[int]`): draft tokens after `draft_context`.
         """
-        text = self.draft_text(draft_context, draft_ids)
+        draft_eos, target_eos = self.draft_tokenizer.eos_token_id, self.target_tokenizer.eos_token_id
+        ends = draft_eos is not None and target_eos is not None and draft_eos in draft_ids
+        if ends:
+            draft_ids = draft_ids[: draft_ids.index(draft_eos)]
+        text = self.draft_text(draft_context, draft_ids) if draft_ids else ""
         if not text:
-            return []
+            return [target_eos] if ends and target_eos < self.target_width else []
         window = committed[-LOOKBEHIND:]
         window_text = decode(self.target_tokenizer, window)
         window_ids = self.target_tokenizer.encode(window_text, add_special_tokens=False)
@@ -196,6 +204,7 @@ class TokenizerBridge:
             candidates = self.target_tokenizer.encode(text, add_special_tokens=False)
         if decode(self.target_tokenizer, window + candidates) != window_text + text:
             return []
+        candidates += [target_eos] if ends else []
         out_of_range = [i for i, token in enumerate(candidates) if token >= self.target_width]
         return candidates[: out_of_range[0]] if out_of_range else candidates
 

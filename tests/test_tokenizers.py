@@ -298,6 +298,16 @@ def test_string_level_matching_across_a_word_boundary(bpe_pair):
     assert proposal and target_tokenizer.decode(committed + proposal) == "I read theory of"
 
 
+def test_a_draft_eos_becomes_the_target_eos(bpe_pair):
+    _, target_tokenizer, _, draft_tokenizer = bpe_pair
+    bridge = TokenizerBridge(target_tokenizer, draft_tokenizer, len(target_tokenizer), len(draft_tokenizer))
+    committed = target_tokenizer.encode("The quick")
+    draft_ids = draft_tokenizer.encode(" brown") + [draft_tokenizer.eos_token_id] + draft_tokenizer.encode(" fox")
+    proposal = bridge.to_target(committed, bridge.to_draft(committed), draft_ids)
+    assert target_tokenizer.decode(proposal) == " brown<|endoftext|>"
+    assert proposal[-1] == target_tokenizer.eos_token_id
+
+
 # ------------------------------------------------------------------------------------------------ detection, errors
 
 
