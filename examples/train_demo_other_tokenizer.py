@@ -16,10 +16,9 @@ Stages:
    embedding (tied to the LM head) the mean of the old embeddings of the old tokens of its text (vocabulary
    transfer, as in Gee et al. 2022, "Fast Vocabulary Transfer"); a byte-fallback token takes its byte's embedding.
 
-Usage::
-
-    python examples/train_demo_other_tokenizer.py --data ../shared/data --out hf_speculators/demo/draft_sp \
-        --init-from hf_speculators/demo/draft
+``--tokenizer`` reuses a trained tokenizer, ``--generations`` keeps the continuations in a JSON file (read, extended,
+written back) and ``--continue-from`` continues training a draft of the new tokenizer, so that the stages can run
+as separate passes. The shipped draft was made in three passes (its model card has the commands).
 """
 
 import argparse
@@ -46,6 +45,7 @@ EOS = "</s>"
 PROMPT_TOKENS = 48
 NEW_TOKENS = 128
 GENERATE_BATCH = 32
+WARMUP = 40  # optimizer steps of linear warmup
 DRAFT_SHAPE = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=768, num_attention_heads=4)
 
 
@@ -64,11 +64,12 @@ def train_tokenizer(docs: list[str], vocab_size: int) -> PreTrainedTokenizerFast
 
 
 @torch.no_grad()
-def target_continuations(target, stream: np.ndarray, minutes: float, tokenizer) -> list[str]:
+def target_continuations(target, stream: np.ndarray, minutes: float, tokenizer, seed: int = 0,
+                         count: int | None = None) -> list[str]:
     """The target's greedy continuations (`NEW_TOKENS` each) of random `PROMPT_TOKENS`-token windows of `stream`,
-    prompt included, as text, for `minutes`."""
-    rng, texts, start = np.random.default_rng(2), [], time.time()
-    while time.time() - start < minutes * 60:
+    prompt included, as text, for `minutes` or, given, until there are `count` (windows drawn with `seed + 2`)."""
+    rng, texts, start = np.random.default_rng(seed + 2), [], time.time()
+    while len(texts) < count if count is not None else time.time() - start < minutes * 60:
         starts = rng.integers(0, len(stream) - PROMPT_TOKENS, GENERATE_BATCH)
         prompts = torch.from_numpy(np.stack([stream[s : s + PROMPT_TOKENS] for s in starts]).astype(np.int64))
         out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=NEW_TOKENS,
@@ -128,10 +129,13 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--tokenizer", type=Path, help="reuse this tokenizer folder instead of training one")
     parser.add_argument("--init-from", type=Path, help="transplant this draft (the target's tokenizer) to start from")
+    parser.add_argument("--continue-from", type=Path, help="continue training this draft (of the new tokenizer)")
     parser.add_argument("--generations", type=Path, help="a JSON file of the target's continuations: read if it "
-                        "exists, else written after generating")
+                        "exists, and written with those generated for --generate-minutes added")
     parser.add_argument("--peak-lr", type=float, default=3e-3)
     parser.add_argument("--generate-minutes", type=float, default=8)
+    parser.add_argument("--continuations", type=int, help="generate this many continuations instead (batches of "
+                        f"{GENERATE_BATCH})")
     parser.add_argument("--draft-minutes", type=float, default=12)
     parser.add_argument("--draft-steps", type=int)
     parser.add_argument("--threads", type=int, default=1)
@@ -145,12 +149,11 @@ def main() -> None:
     target = LlamaForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32).eval()
     target_tokenizer = PreTrainedTokenizerFast.from_pretrained(DEMO_TARGET)
     target_train, _ = family.encode_splits(docs, target_tokenizer)
-    if args.generations and args.generations.is_file():
-        generations = json.loads(args.generations.read_text())
-    else:
-        generations = target_continuations(target, target_train, args.generate_minutes, target_tokenizer)
-        if args.generations:
-            args.generations.write_text(json.dumps(generations))
+    kept = json.loads(args.generations.read_text()) if args.generations and args.generations.is_file() else []
+    generations = kept + target_continuations(target, target_train, args.generate_minutes, target_tokenizer,
+                                              seed=len(kept), count=args.continuations)
+    if args.generations:
+        args.generations.write_text(json.dumps(generations))
     train_docs = [doc for i, doc in enumerate(docs) if i % family.HELD_OUT_EVERY]
     held_out_docs = [doc for i, doc in enumerate(docs) if i % family.HELD_OUT_EVERY == 0]
     distilled = token_stream(generations, tokenizer) if generations else np.zeros(0, dtype=np.int32)
@@ -159,7 +162,9 @@ def main() -> None:
     train_stream = np.concatenate([distilled, corpus[: max(len(distilled), family.SEQ_LEN * 1000)]])
     print(f"{len(generations)} continuations: {len(distilled)} distilled + corpus tokens", flush=True)
 
-    if args.init_from:
+    if args.continue_from:
+        draft = LlamaForCausalLM.from_pretrained(args.continue_from, dtype=torch.float32)
+    elif args.init_from:
         draft = transplanted(LlamaForCausalLM.from_pretrained(args.init_from, dtype=torch.float32),
                              PreTrainedTokenizerFast.from_pretrained(args.init_from), tokenizer)
     else:
@@ -169,7 +174,7 @@ def main() -> None:
         draft = LlamaForCausalLM(config)
     print(f"[draft] held-out loss before training {held_out_loss(draft, token_stream(held_out_docs, tokenizer))}")
     steps = family.train(draft, lambda ids: draft(ids, labels=ids).loss, train_stream, args.draft_minutes,
-                         args.draft_steps, args.peak_lr, "draft", warmup=min(200, max(1, (args.draft_steps or 200) // 5)))
+                         args.draft_steps, args.peak_lr, "draft", warmup=WARMUP)
     args.out.mkdir(parents=True, exist_ok=True)
     family.save(draft, args.out)
     tokenizer.save_pretrained(args.out)

@@ -15,7 +15,6 @@ Committed target tokens reach the draft model as text re-encoded with its tokeni
 a deterministic function of the committed tokens, as losslessness requires.
 """
 
-import math
 from functools import cached_property
 
 import torch
@@ -210,5 +209,5 @@ class TokenizerBridge:
 
     def draft_length(self, num_target_tokens: int, draft_per_target: float) -> int:
         """Draft tokens to draft for `num_target_tokens` target tokens, at `draft_per_target` draft tokens per
-        target token (measured on the prompt), at least 1."""
-        return max(1, math.ceil(num_target_tokens * draft_per_target))
+        target token (measured on the prompt), rounded, at least 1."""
+        return max(1, round(num_target_tokens * draft_per_target))

@@ -52,6 +52,7 @@ measured; `BenchSettings(resume=True)` (`bench --resume`) continues it.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -341,6 +342,8 @@ def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeni
     config = method.config
     if method.engine == "transformers":
         universal = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if method.universal else {}
+        if method.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy
+            universal["assistant_model"] = copy.deepcopy(draft)
         return {
             "prompt-lookup": {"prompt_lookup_num_tokens": config.resolved("num_draft_tokens"),
                               "max_matching_ngram_size": config.resolved("max_ngram_size")},
@@ -862,9 +865,10 @@ def run_benchmark(
            "prompts": _digest(prompts), "skipped_methods": skipped}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(settings.num_threads))
-        for m in methods.values():
+        for label, m in methods.items():
             if m.engine == "transformers" and m.config.method != "prompt-lookup":
-                assistant = draft if m.config.method == "draft-model" else target
+                # the assistant the method runs (its own copy for universal speculative decoding), else the target
+                assistant = kwargs.get(label, {}).get("assistant_model", target)
                 stack.enter_context(_pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),
                                                              m.config.confidence_threshold or 0.0))
         provenance = _provenance(target, draft, json.loads(json.dumps(run)))
