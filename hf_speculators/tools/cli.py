@@ -479,8 +479,10 @@ def run_bench(args) -> int:
     if args.plot is not None:
         pyplot()  # fail before the run, not after it, when matplotlib is missing
     target, draft = _load_models(args, any(m in DRAFT_MODEL_METHODS for m in names))
+    draft_tokenizer = None if draft is None else load_tokenizer(args.draft)
     try:
-        result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft)
+        result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft,
+                               draft_tokenizer=draft_tokenizer)
     except KeyboardInterrupt:
         print(f"hf-speculators bench: interrupted; the records measured so far are in {args.out}: rerun the same "
               "command with --resume to continue.", file=sys.stderr)
