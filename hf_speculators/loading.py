@@ -19,6 +19,7 @@ DEMO_IDS = {
     "hf_speculators/demo-draft": DEMO_DRAFT,
     "hf_speculators/demo-eagle3": str(DEMO_DIR / "eagle3"),  # an EAGLE-3 head for the demo target
     "hf_speculators/demo-medusa": str(DEMO_DIR / "medusa"),  # Medusa heads for the demo target
+    "hf_speculators/demo-draft-sp": str(DEMO_DIR / "draft_sp"),  # a draft of another tokenizer (SentencePiece-style)
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 AUTO = "auto"  # --device and --dtype default: the best available device; the checkpoint's dtype on an accelerator

@@ -164,11 +164,15 @@ def test_build_loads_the_draft_in_the_targets_dtype(saved_models, target, tokeni
     assert bf16_drafter.draft_model.dtype == torch.bfloat16
 
 
-def test_a_draft_of_another_vocabulary_raises_naming_draft_model(saved_models, target, tokenizer):
+def test_a_draft_of_another_vocabulary_is_translated_or_raises_naming_draft_model(saved_models, target, tokenizer,
+                                                                                   inputs, plain):
     config = draft_config(saved_models).override(draft_model=saved_models["other-draft"])
-    with pytest.raises(ValueError, match=r"draft_model='.*other-draft' does not fit the target: .*tokenizer differs"):
-        config.build(target, tokenizer)
-    with pytest.raises(ValueError, match=r"draft_model='.*other-draft' does not fit the target: .*another vocabulary"):
+    drafter, _ = config.build(target, tokenizer)  # another tokenizer: the drafter translates (test_tokenizers.py)
+    out = target.generate(**inputs, custom_generate=hs.generate, candidate_generator=drafter, do_sample=False,
+                          max_new_tokens=NEW_TOKENS, target_tokenizer=tokenizer)
+    assert torch.equal(out, plain)
+    with pytest.raises(ValueError, match=r"draft_model='.*other-draft' does not fit the target: .*another vocabulary"
+                                         r".*pass tokenizer= to generate"):
         config.build(target)  # without the target's tokenizer, the logits widths (80 and 64) tell
 
 

@@ -6,7 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..drafters import DRAFTERS, Drafter, HybridDrafter
-from ..drafters.draft_model import check_same_vocabulary
+from ..drafters.draft_model import vocabulary_bridge
 from ..loading import load_model, load_tokenizer, resolve_model_id
 from ..verifiers import VERIFIERS, Verifier
 from ..vocab import ranked_draft_vocab
@@ -39,13 +39,13 @@ def _warn_if_other_target(config, target) -> None:
 
 def _load_draft(config, target, target_tokenizer):
     """Loads `config.draft_model` with the target's dtype and device (quantized as `config.draft_quantization`
-    says) and checks that it shares the vocabulary."""
+    says) and checks that its vocabulary is the target's or can be translated (both tokenizers known)."""
     dtype = str(target.dtype).removeprefix("torch.")
     draft = load_model(config.draft_model, dtype, str(target.device), revision=config.draft_revision,
                        quantization=config.draft_quantization)
     draft_tokenizer = load_tokenizer(config.draft_model, revision=config.draft_revision)
     try:
-        check_same_vocabulary(target, draft, target_tokenizer, draft_tokenizer)
+        vocabulary_bridge(target, draft, target_tokenizer, draft_tokenizer)
     except ValueError as error:
         raise ValueError(f"draft_model={config.draft_model!r} does not fit the target: {error}") from None
     return {"draft_model": draft, "draft_tokenizer": draft_tokenizer}

@@ -223,8 +223,9 @@ def card_text(config, name: str, results: dict | None = None) -> str:
         *_results_section(results),
         *(["## Notes", "", config.notes, ""] if config.notes else []),
         "## Use", "", *_build_note(config), "```python", "import hf_speculators as hs", "",
+        "hs.enable(model)  # generate() then takes speculative_config=, and tokenizer= as usual",
         f"config = hs.SpeculativeConfig.from_pretrained({name!r})",
-        "out = model.generate(**inputs, custom_generate=hs.generate, speculative_config=config)", "```", "",
+        "out = model.generate(**inputs, speculative_config=config, tokenizer=tokenizer)", "```", "",
         f"Command line: `hf-speculators generate --preset {name} \"PROMPT\"`", "",
         "## vLLM", "", "The same method in vLLM (`config.to_vllm()`):", "", *_vllm_section(config),
     ]

@@ -8,6 +8,7 @@ from ..cache import RaggedCache, check_batch_support, prepare_cache
 from ..draft import Draft
 from ..quantization import quantized_copy
 from ..query import Query, forward
+from ..translation import TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
 
 
@@ -16,27 +17,33 @@ def vocabulary_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def check_same_vocabulary(target, draft_model, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Raises `ValueError` unless the draft model can propose tokens in the target's vocabulary.
+def vocabulary_bridge(target, draft_model, target_tokenizer=None, draft_tokenizer=None) -> TokenizerBridge | None:
+    """`None` when the draft model proposes tokens in the target's vocabulary, else the `TokenizerBridge` that
+    translates between the two tokenizers.
 
-    Logits widths may differ only by padding rows (as in Qwen2.5 0.5B and 7B), and only when both tokenizers
-    are given and equal, so that the extra rows are known to be unused.
+    Vocabularies are compared, not sizes: logits widths may differ by padding rows (as in Qwen2.5 0.5B and 7B) when
+    both tokenizers are given and equal. Without both tokenizers, equal logits widths are taken as one vocabulary.
+
+    Raises:
+        `ValueError`: logits widths that differ without both tokenizers, naming the missing argument.
     """
     if target_tokenizer is not None and draft_tokenizer is not None:
-        if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-            raise ValueError(
-                "The draft model's tokenizer differs from the target's: draft tokens would mean other text. "
-                "Use a draft model of the same family that shares the target's tokenizer."
-            )
+        if not same_vocabulary(target_tokenizer, draft_tokenizer):
+            return TokenizerBridge(target_tokenizer, draft_tokenizer, vocabulary_size(target),
+                                   vocabulary_size(draft_model))
         if len(target_tokenizer) <= min(vocabulary_size(target), vocabulary_size(draft_model)):
-            return
+            return None
     if vocabulary_size(target) != vocabulary_size(draft_model):
+        missing = " and ".join(name for name, tokenizer in (("DraftModelDrafter(..., draft_tokenizer=...)",
+                                                             draft_tokenizer), ("tokenizer= to generate",
+                                                                                target_tokenizer))
+                               if tokenizer is None) or "tokenizers of the two models"
         raise ValueError(
             f"The draft model has a vocabulary of {vocabulary_size(draft_model)} tokens and the target of "
-            f"{vocabulary_size(target)}: it was built for another vocabulary. Use a draft model that shares the "
-            "target's tokenizer; if the sizes differ only by padding, pass both tokenizers "
-            "(DraftModelDrafter(..., draft_tokenizer=...) and tokenizer= to generate) so they can be compared."
+            f"{vocabulary_size(target)}: a draft of another vocabulary (or a padded one) needs both tokenizers "
+            f"to translate (or compare) them; pass {missing}."
         )
+    return None
 
 
 def common_prefix_length(a: torch.LongTensor, b: torch.LongTensor) -> int:
@@ -71,40 +78,72 @@ class DraftModelState(DraftState):
 
     Args:
         draft_cache (`RaggedCache`): the draft model's cache.
-        cached_ids (`list[torch.LongTensor]`): per cache row, the tokens `(length_i,)` whose keys and values it holds.
+        cached_ids (`list[torch.LongTensor]`): per cache row, the draft tokens `(length_i,)` whose keys and values
+            it holds.
         vocab_size (`int`): the width of the target's logits, which draft logits are given.
         draft_device (`torch.device`): the draft model's device (read once: `model.device` walks the parameters).
+        bridge (`TokenizerBridge`, *optional*): for a draft of another tokenizer, the translation between the two;
+            `None` when the draft shares the target's vocabulary.
+        draft_per_target (`float`): draft tokens per target token of the same text (a bridge's; measured on the
+            first committed tokens), which sets how many draft tokens make a greedy draft of a given length.
     """
 
     draft_cache: RaggedCache | None = None
     cached_ids: list = field(default_factory=list)
     vocab_size: int = 0
     draft_device: torch.device | None = None
+    bridge: TokenizerBridge | None = None
+    draft_per_target: float = 0.0
+
+    @property
+    def translates_text(self) -> bool:
+        """Whether the draft runs in its own vocabulary and its text is translated after drafting (string-level
+        exact matching, greedy); else it drafts target tokens (token-level intersection when sampling)."""
+        return self.bridge is not None and not self.do_sample
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts with a smaller causal LM that shares the target's tokenizer (Leviathan et al. 2023; Chen et al. 2023).
+    """Drafts with a smaller causal LM (Leviathan et al. 2023; Chen et al. 2023), of the target's tokenizer or
+    of another one (Timor et al. 2025, heterogeneous vocabularies).
 
     The draft model keeps its own KV cache across the steps of a call (`DraftModelState.draft_cache`, a
     `RaggedCache` with one row per running row): each call rolls every row back to the longest prefix it shares
-    with that row's committed tokens and feeds only the tokens it has not seen, then drafts `max_tokens` tokens,
-    one batched forward per draft token for all rows. There is no re-prefill and no nested `generate()` per step;
-    a single sequence is a batch of one (no mask, the model's own causal attention).
+    with that row's committed tokens and feeds only the tokens it has not seen, then drafts, one batched forward
+    per draft token for all rows. There is no re-prefill and no nested `generate()` per step; a single sequence is
+    a batch of one (no mask, the model's own causal attention).
 
     Draft scores go through the same logits processors and warpers as the target's, so with sampling the
     returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
     lossless; with greedy decoding the draft is the argmax and `draft_probs` is `None`.
 
+    A draft model of another tokenizer (its `draft_tokenizer` and the target's `tokenizer=` differ as
+    vocabularies) is detected at the start of generation and drafts through `hf_speculators.translation`: its
+    cache holds its own tokens of the committed text (decoded, then encoded with its tokenizer; the cache is kept
+    up to the longest common prefix); with greedy decoding it drafts in its own vocabulary and its text is encoded
+    with the target's tokenizer (string-level exact matching: output identical to plain greedy); with sampling it
+    samples only tokens whose text both vocabularies hold, from its processed distribution over them laid out in
+    the target's vocabulary (token-level intersection: lossless rejection sampling).
+
     Args:
-        draft_model (`PreTrainedModel`): a causal LM with the target's vocabulary, on the target's device.
-        num_draft_tokens (`int`, defaults to 5): draft tokens per step (transformers: `num_assistant_tokens`).
+        draft_model (`PreTrainedModel`): a causal LM on the target's device.
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (transformers: `num_assistant_tokens`), in
+            target tokens.
         draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): the draft's tokenizer; with the target's
-            tokenizer passed to generate it allows logits widths that differ only by padding.
+            tokenizer passed to generate (`tokenizer=`) it allows another tokenizer, or logits widths that differ
+            only by padding.
 
     Raises:
-        `ValueError`: at construction for `num_draft_tokens < 1`; at the start of generation if the draft model
-            was built for another vocabulary, or for a batch if its cache has sliding-window or linear-attention
-            layers (they cannot keep a batch's holes).
+        `ValueError`: at construction for `num_draft_tokens < 1`; at the start of generation, before any forward,
+            if the logits widths differ and a tokenizer is missing (naming `draft_tokenizer=` or `tokenizer=`), if
+            two different tokenizers share no token, or for a batch if the draft cache has sliding-window or
+            linear-attention layers (they cannot keep a batch's holes).
+
+    Example, a draft of another tokenizer:
+
+    ```python
+    drafter = hs.DraftModelDrafter(draft, draft_tokenizer=draft_tokenizer)
+    out = model.generate(**inputs, candidate_generator=drafter, tokenizer=tokenizer)  # after hs.enable(model)
+    ```
 
     Example, a quantized copy of the target as its own draft (`from_target`):
 
@@ -121,6 +160,7 @@ class DraftModelDrafter(Drafter):
         super().__init__(num_draft_tokens)
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
+        self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -135,7 +175,7 @@ class DraftModelDrafter(Drafter):
             model (`PreTrainedModel`): the target, in full precision (float32, bfloat16 or float16).
             quantization (`str`): `"int8"` (torchao), `"nf4"` (bitsandbytes), `"int4"` (torchao) or `"fp8"`
                 (torchao, CUDA GPUs of compute capability >= 8.9 only); see `hf_speculators.quantization`.
-            **kwargs: the drafter's other arguments, e.g. `num_draft_tokens=5` (for `TreeDrafter`: `tree=`).
+            **kwargs (`Any`): the drafter's other arguments, e.g. `num_draft_tokens=5` (for `TreeDrafter`: `tree=`).
 
         Raises:
             `ValueError`: before any work, for a bad drafter argument, an unknown quantization, `"fp8"` without such
@@ -146,16 +186,28 @@ class DraftModelDrafter(Drafter):
         drafter.draft_model = quantized_copy(model, quantization)  # same config and vocabulary as `model`
         return drafter
 
+    def _bridge(self, target, target_tokenizer) -> TokenizerBridge | None:
+        """The call's translation (`vocabulary_bridge`), kept per target tokenizer (compared by identity)."""
+        kept = self._bridges.get(id(target_tokenizer))
+        if kept is not None and kept[0] is target_tokenizer and kept[1].target_width == vocabulary_size(target):
+            return kept[1]
+        bridge = vocabulary_bridge(target, self.draft_model, target_tokenizer, self.draft_tokenizer)
+        if bridge is not None:
+            self._bridges = {id(target_tokenizer): (target_tokenizer, bridge)}
+        return bridge
+
     def start(self, state: DraftModelState) -> None:
-        """Checks the draft model against the target (none in transformers' `get_candidates`) and starts an empty
-        draft cache of `state.batch_size` rows.
+        """Checks the draft model against the target (none in transformers' `get_candidates`), finds whether its
+        tokens need translating and starts an empty draft cache of `state.batch_size` rows.
 
         Raises:
-            `ValueError`: a draft model of another vocabulary; for a batch, a draft cache with sliding-window or
-                linear-attention layers.
+            `ValueError`: logits widths that differ without both tokenizers; tokenizers that share no token (with
+                sampling); for a batch, a draft cache with sliding-window or linear-attention layers.
         """
         if state.target is not None:
-            check_same_vocabulary(state.target, self.draft_model, state.tokenizer, self.draft_tokenizer)
+            state.bridge = self._bridge(state.target, state.tokenizer)
+            if state.bridge is not None and state.do_sample:
+                state.bridge.vocabulary  # built (and checked) before any forward
         state.vocab_size = vocabulary_size(self.draft_model if state.target is None else state.target)
         cache = prepare_cache(None, self.draft_model.config)
         if state.batch_size > 1:
@@ -170,61 +222,98 @@ class DraftModelDrafter(Drafter):
     def _logits(self, state: DraftModelState, query: Query, num_logits: int | None,
                 device) -> torch.FloatTensor:
         """Runs the draft model over `query` after its cache, which then keeps the query's tokens; returns the
-        logits `(num_rows, num_logits or num_query, target_vocab)` on `device`, at the target's width: extra
-        columns dropped, missing ones at -inf."""
-        logits = forward(self.draft_model, state.draft_cache, query, num_logits)
+        logits `(num_rows, num_logits or num_query, width)` on `device`: in the draft's own vocabulary when its text
+        is translated, else at the target's width (translated through the vocabulary intersection; or for one
+        vocabulary, extra columns dropped, missing ones at -inf)."""
+        logits = forward(self.draft_model, state.draft_cache, query, num_logits).to(device)
         state.draft_cache.append(query.valid)
+        if state.bridge is not None:
+            return logits if state.translates_text else state.bridge.vocabulary.widen(logits)
         missing = state.vocab_size - logits.shape[-1]
         if missing < 0:
             logits = logits[..., : state.vocab_size]
         elif missing > 0:
             logits = torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
-        return logits.to(device)
+        return logits
 
-    def _feed(self, state: DraftModelState, input_ids, rows) -> torch.FloatTensor:
-        """Syncs the draft cache with each row's committed tokens `input_ids[i]` `(1, length_i)`: drops the rows
-        that left, rolls each row back to what it shares with its tokens and feeds the rest, at least the last
-        token, in one forward. Returns the logits `(len(rows), target_vocab)` after each row's last token."""
-        cache, device = state.draft_cache, state.draft_device
+    def _feed(self, state: DraftModelState, draft_ids, rows, device) -> torch.FloatTensor:
+        """Syncs the draft cache with each row's committed tokens in the draft's vocabulary `draft_ids[i]`
+        `(length_i,)`: drops the rows that left, rolls each row back to what it shares with its tokens and feeds the
+        rest, at least the last token, in one forward. Returns the logits `(len(rows), width)` after each row's last
+        token (see `_logits`)."""
+        cache = state.draft_cache
         kept = cache.keep_rows(list(rows))  # rows that finished leave
-        committed = [ids[0].to(device) for ids in input_ids]
-        reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, committed)]
+        reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, draft_ids)]
         cache.truncate(torch.tensor(reused))
-        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(committed, reused)])
-        state.cached_ids = committed
-        return self._logits(state, Query.chain(new_ids, new_valid), 1, input_ids[0].device)[:, -1]
+        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(draft_ids, reused)])
+        state.cached_ids = draft_ids
+        return self._logits(state, Query.chain(new_ids, new_valid), 1, device)[:, -1]
+
+    def _in_draft_vocabulary(self, state: DraftModelState, input_ids) -> list[torch.LongTensor]:
+        """Each row's committed tokens `(1, length_i)` in the draft's vocabulary `(length'_i,)`, on its device."""
+        if state.bridge is None:
+            return [ids[0].to(state.draft_device) for ids in input_ids]
+        draft_ids = [state.bridge.to_draft(ids[0].tolist()) for ids in input_ids]
+        if not state.draft_per_target:  # measured once, on the first committed tokens (the prompts)
+            state.draft_per_target = sum(map(len, draft_ids)) / sum(ids.shape[1] for ids in input_ids)
+        return [torch.tensor(ids, dtype=torch.long, device=state.draft_device) for ids in draft_ids]
+
+    def _pick(self, state: DraftModelState, prefixes, logits) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """The next draft token of each row and, when sampling, its distribution (`DraftState.draft_tokens`); in
+        the draft's own vocabulary (a translated greedy draft), the argmax of the raw logits."""
+        if state.translates_text:  # the call's processors are built for the target's vocabulary
+            return logits.argmax(dim=-1), None
+        return state.draft_tokens(prefixes, logits)
 
     @torch.no_grad()
     def propose(self, state: DraftModelState, input_ids, max_tokens, rows) -> list[Draft]:
         """Each row's chain of `max_tokens[i]` draft tokens: one batched draft forward per draft token for the rows
         whose budget asks for another (see `Drafter.propose` for the arguments)."""
         # 1. each row's cache rolled back to what it shares with its committed tokens; the rest fed in one forward
-        logits = self._feed(state, input_ids, rows)  # [rows, vocab]
-        prefixes = list(input_ids)
+        committed = self._in_draft_vocabulary(state, input_ids)
+        logits = self._feed(state, committed, rows, input_ids[0].device)  # [rows, width]
+        budgets = ([state.bridge.draft_length(budget, state.draft_per_target) if budget else 0
+                    for budget in max_tokens] if state.translates_text else max_tokens)
+        prefixes = list(input_ids)  # what the logits processors see: target tokens, the drafted ones appended
+        fed = [ids[None] for ids in committed]  # what the draft cache sees: the draft's tokens
         tokens, probs = [[] for _ in prefixes], [[] for _ in prefixes]
         every_row = torch.ones(len(prefixes), 1, dtype=torch.bool)
         one_slot = Query.chain(every_row, every_row).offsets  # the offsets of a query of one slot per row
         # 2. one forward per draft token for the rows whose budget asks for another
-        for step in range(max(max_tokens)):
-            drafting = [i for i, budget in enumerate(max_tokens) if step < budget]
+        for step in range(max(budgets)):
+            drafting = [i for i, budget in enumerate(budgets) if step < budget]
             every = len(drafting) == len(prefixes)
-            new, new_probs = state.draft_tokens([prefixes[i] for i in drafting], logits if every else logits[drafting])
+            new, new_probs = self._pick(state, [prefixes[i] for i in drafting], logits if every else logits[drafting])
+            new_fed = new if state.bridge is None or state.translates_text else state.bridge.vocabulary.to_draft(new)
             for j, i in enumerate(drafting):
                 tokens[i].append(new[j])
                 probs[i].append(None if new_probs is None else new_probs[j])
                 prefixes[i] = torch.cat([prefixes[i], new[j].view(1, 1)], dim=-1)
-            feeding = [step + 1 < budget for budget in max_tokens]
+                fed[i] = torch.cat([fed[i], new_fed[j].view(1, 1).to(state.draft_device)], dim=-1)
+            feeding = [step + 1 < budget for budget in budgets]
             if any(feeding):
-                last = new[:, None] if every else torch.stack([prefix[0, -1] for prefix in prefixes])[:, None]
+                last = torch.stack([ids[0, -1] for ids in fed])[:, None]
                 valid = every_row if all(feeding) else torch.tensor(feeding)[:, None]
-                query = Query(last.to(state.draft_device), valid, one_slot, None, [int(fed) for fed in feeding])
+                query = Query(last, valid, one_slot, None, [int(feeding_row) for feeding_row in feeding])
                 logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
-        state.cached_ids = [prefix[0, :length].to(state.draft_device)
-                            for prefix, length in zip(prefixes, state.draft_cache.lengths.tolist())]
+        state.cached_ids = [ids[0, :length] for ids, length in zip(fed, state.draft_cache.lengths.tolist())]
+        if state.translates_text:
+            return [self._translated(state, ids, context, row_tokens, budget)
+                    for ids, context, row_tokens, budget in zip(input_ids, committed, tokens, max_tokens)]
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
                 if row_tokens else Draft.empty(ids.device)
                 for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+
+    @staticmethod
+    def _translated(state: DraftModelState, input_ids, draft_context, draft_tokens, budget: int) -> Draft:
+        """A greedy chain of at most `budget` target tokens: the text of a row's draft tokens, translated by string-
+        level exact matching after its committed tokens `input_ids` `(1, length)`."""
+        if not draft_tokens:
+            return Draft.empty(input_ids.device)
+        target_ids = state.bridge.to_target(input_ids[0].tolist(), draft_context.tolist(),
+                                            torch.stack(draft_tokens).tolist())[:budget]
+        return Draft.chain(torch.tensor(target_ids, dtype=torch.long, device=input_ids.device))
 
     def __repr__(self) -> str:
         return f"DraftModelDrafter({type(self.draft_model).__name__}, num_draft_tokens={self.num_draft_tokens})"

@@ -287,10 +287,14 @@ class TreeDrafter(DraftModelDrafter):
         """As `DraftModelDrafter.start`; also checks that the draft cache can hold trees and the tree's ranks.
 
         Raises:
-            `ValueError`: as `DraftModelDrafter.start`; a draft model with sliding-window or linear-attention layers;
-                a static tree asking for a child rank beyond the vocabulary.
+            `ValueError`: as `DraftModelDrafter.start`; a draft model of another tokenizer (token trees are drafted in
+                the target's vocabulary); a draft model with sliding-window or linear-attention layers; a static
+                tree asking for a child rank beyond the vocabulary.
         """
         super().start(state)
+        if state.bridge is not None:
+            raise ValueError("The draft model's tokenizer differs from the target's, and token trees are drafted in "
+                             "the target's vocabulary: use DraftModelDrafter (chains) for a draft of another tokenizer.")
         check_tree_support(state.draft_cache.cache)
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= state.vocab_size:
             raise ValueError(
@@ -303,7 +307,7 @@ class TreeDrafter(DraftModelDrafter):
         row's frontier (see `Drafter.propose` for the arguments)."""
         device = input_ids[0].device
         # 1. each row's cache rolled back to the committed tokens it holds; the rest fed: the roots' logits
-        root_logits = self._feed(state, input_ids, rows)
+        root_logits = self._feed(state, self._in_draft_vocabulary(state, input_ids), rows, device)
         cache = state.draft_cache
         committed = cache.lengths
         # per row, the node each slot fed during this step holds (None: a hole); the same number for every row

@@ -52,6 +52,7 @@ measured; `BenchSettings(resume=True)` (`bench --resume`) continues it.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -89,13 +90,14 @@ EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
 # the model-free methods beyond prompt lookup, the exit-layer methods (they need exit_layer=), the self-draft ones
 # (a quantization library; "self-draft-fp8" a GPU) and the head methods (a draft head checkpoint made for the
 # target): run when asked for only
-METHODS = (*DEFAULT_METHODS, "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
+METHODS = (*DEFAULT_METHODS, "hf-universal-assisted", "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
            *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS,
            *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash")
-DRAFT_MODEL_METHODS = ("hf-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
+DRAFT_MODEL_METHODS = ("hf-assisted", "hf-universal-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers' own methods, run as baselines: name -> the config method they correspond to
 TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
-                        "hf-early-exit": "layer-skip", "hf-mtp": "mtp", "hf-dflash": "dflash"}
+                        "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip", "hf-mtp": "mtp",
+                        "hf-dflash": "dflash"}
 # transformers' methods whose draft length is the assistant's generation_config (pinned); MTP's and DFlash's is the
 # model's own (its MTP layers, its block)
 PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip")
@@ -338,23 +340,30 @@ def _sum_lists(lists) -> list[int]:
     return total
 
 
-def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool) -> dict:
-    """The `model.generate` keywords that select `method` (decoding mode and lengths are added by the caller)."""
+def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokenizer=None,
+                     draft_tokenizer=None) -> dict:
+    """The `model.generate` keywords that select `method` (decoding mode and lengths are added by the caller); the
+    tokenizers reach our drafters (a draft of another tokenizer) and transformers' universal assisted generation."""
     config = method.config
     if method.engine == "transformers" and config.method == "dflash":  # the drafter's checkpoint as the assistant
         return {"speculation_type": "dflash", "assistant_model": build_drafter(config, target).model}
     if method.engine == "transformers":
+        universal = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if method.universal else {}
+        if method.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy
+            universal["assistant_model"] = copy.deepcopy(draft)
         return {
             "prompt-lookup": {"prompt_lookup_num_tokens": config.resolved("num_draft_tokens"),
                               "max_matching_ngram_size": config.resolved("max_ngram_size")},
-            "draft-model": {"assistant_model": draft},  # its tokens, schedule and threshold: _pinned_assistant_config
+            # its tokens, schedule and threshold: _pinned_assistant_config
+            "draft-model": {"assistant_model": draft, **universal},
             "layer-skip": {"assistant_early_exit": config.exit_layer},  # the target is its own assistant
             "mtp": {"use_mtp": True},  # the MTP layers beside the target's checkpoint
         }[config.method]
-    loaded = {"draft_model": draft} if config.draft_model == LOADED_DRAFT else {}
+    loaded = {"draft_model": draft, "draft_tokenizer": draft_tokenizer} if config.draft_model == LOADED_DRAFT else {}
     verifier = resolve_verifier(build_verifier(config), do_sample)
-    return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, **loaded),
-            "verifier": verifier, "num_draft_tokens_schedule": check_schedule(config.num_draft_tokens_schedule)}
+    return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, tokenizer, **loaded),
+            "verifier": verifier, "num_draft_tokens_schedule": check_schedule(config.num_draft_tokens_schedule),
+            "target_tokenizer": tokenizer}
 
 
 def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
@@ -599,8 +608,8 @@ def _divergence(target, batch: Batch, row: int, run: _Run, plain: _Run, exact: b
 @dataclass(frozen=True)
 class BenchMethod:
     """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
-    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`, `"hf-early-exit"`,
-    `"hf-mtp"`, `"hf-dflash"`).
+    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
+    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`).
 
     Attributes:
         config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
@@ -610,6 +619,9 @@ class BenchMethod:
             or `"mtp"` (`use_mtp=True`) or `"dflash"` (`speculation_type="dflash"`, the DFlash checkpoint
             `draft_model` as `assistant_model`), whose draft length is the model's own.
         engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
+        universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
+            universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
+            passed; string-level exact matching when greedy, token-level intersection when sampling).
 
     Raises:
         `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
@@ -617,6 +629,7 @@ class BenchMethod:
 
     config: SpeculativeConfig
     engine: str = "hf_speculators"
+    universal: bool = False
 
     def __post_init__(self):
         if not isinstance(self.config, SpeculativeConfig):
@@ -762,7 +775,7 @@ def named_methods(
     for method in (m for m in METHODS if m in names and m != "plain"):
         if method in TRANSFORMERS_METHODS:
             config = _transformers_config(method, num_draft_tokens, max_ngram_size, draft_model, options)
-            chosen[method] = BenchMethod(config, engine="transformers")
+            chosen[method] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
             continue
         for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
             config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
@@ -777,7 +790,7 @@ def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int
     """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`)."""
     if method == "hf-prompt-lookup":
         return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
-    if method == "hf-assisted":
+    if method in ("hf-assisted", "hf-universal-assisted"):
         return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
     if method == "hf-mtp":
         return SpeculativeConfig("mtp")
@@ -794,6 +807,7 @@ def run_benchmark(
     methods: Mapping[str, BenchMethod | SpeculativeConfig],
     settings: BenchSettings | None = None,
     draft=None,
+    draft_tokenizer=None,
 ) -> BenchmarkResult:
     """Runs plain decoding and each method on the same prompts and compares them.
 
@@ -819,7 +833,10 @@ def run_benchmark(
         settings (`BenchSettings`, *optional*): lengths, sampling, prompts, threads and records; defaults to
             `BenchSettings()`.
         draft (`PreTrainedModel`, *optional*): a loaded draft model with the target's vocabulary, on the target's
-            device, for the draft-model methods and transformers' `"hf-assisted"`.
+            device, for the draft-model methods and transformers' `"hf-assisted"` and `"hf-universal-assisted"`.
+        draft_tokenizer (`PreTrainedTokenizerBase`, *optional*): `draft`'s tokenizer: needed for a draft of another
+            tokenizer (our draft-model methods translate; `"hf-universal-assisted"` passes it as
+            `assistant_tokenizer=`).
 
     Returns:
         `BenchmarkResult`: the records (those of a resumed run included), the per-category summary, the mismatches
@@ -851,8 +868,9 @@ def run_benchmark(
     encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)
                for p in prompts]
     batches = make_batches(encoded, settings.batch_size, pad_token(tokenizer))
-    kwargs = {"plain": {}} | {label: _generate_kwargs(m, target, draft, settings.do_sample)
-                              for label, m in methods.items()}
+    kwargs = {"plain": {}} | {
+        label: _generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer)
+        for label, m in methods.items()}
     skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
@@ -861,9 +879,10 @@ def run_benchmark(
            "prompts": _digest(prompts), "skipped_methods": skipped}
     with ExitStack() as stack:
         stack.enter_context(_num_threads(settings.num_threads))
-        for m in methods.values():
+        for label, m in methods.items():
             if m.engine == "transformers" and m.config.method in PINNED_TRANSFORMERS_METHODS:
-                assistant = draft if m.config.method == "draft-model" else target
+                # the assistant the method runs (its own copy for universal speculative decoding), else the target
+                assistant = kwargs.get(label, {}).get("assistant_model", target)
                 stack.enter_context(_pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),
                                                              m.config.confidence_threshold or 0.0))
         provenance = _provenance(target, draft, json.loads(json.dumps(run)))

@@ -27,6 +27,7 @@ from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
 from .plots import plot_benchmark, pyplot, read_records
 from .quiet import quiet_third_party
+from .report import markdown_report
 from ..training.cli import add_training_commands
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
@@ -39,7 +40,7 @@ from .sweep import (
 from ..config.vllm_export import vllm_commands
 from ..verifiers import VERIFIERS
 
-DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (README, "The default job")
+DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (docs/benchmarks/default_job.md)
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 DEFAULT_HEADS = {"eagle_head": DEMO_EAGLE3, "medusa_head": DEMO_MEDUSA}  # the head checkpoints of the demo target
 DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=run_sweep_command)
 
     _add_plot(commands)
+    _add_report(commands)
     _add_presets(commands)
     _add_export(commands)
     add_training_commands(commands)
@@ -314,6 +316,13 @@ def _add_plot(commands) -> None:
     plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
     _add_verbose_option(plot)
     plot.set_defaults(run=run_plot)
+
+
+def _add_report(commands) -> None:
+    report = commands.add_parser("report", help="print a saved bench run (its JSONL records) as Markdown tables")
+    report.add_argument("records", help="the JSONL file of hf-speculators bench --out")
+    _add_verbose_option(report)
+    report.set_defaults(run=run_report)
 
 
 def _add_presets(commands) -> None:
@@ -473,8 +482,10 @@ def run_bench(args) -> int:
     if args.plot is not None:
         pyplot()  # fail before the run, not after it, when matplotlib is missing
     target, draft = _load_models(args, any(m in DRAFT_MODEL_METHODS for m in names))
+    draft_tokenizer = None if draft is None else load_tokenizer(args.draft)
     try:
-        result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft)
+        result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft,
+                               draft_tokenizer=draft_tokenizer)
     except KeyboardInterrupt:
         print(f"hf-speculators bench: interrupted; the records measured so far are in {args.out}: rerun the same "
               "command with --resume to continue.", file=sys.stderr)
@@ -549,6 +560,11 @@ def run_export(args) -> int:
 def run_plot(args) -> int:
     plot_benchmark(read_records(args.records), args.out)
     print(f"plot: {args.out}")
+    return 0
+
+
+def run_report(args) -> int:
+    print(markdown_report(read_records(args.records)), end="")
     return 0
 
 
