@@ -3,8 +3,8 @@
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import (
-    DRAFTERS, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
-    LookaheadDrafter, MedusaDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
+    DRAFTERS, DFlashDrafter, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
+    LookaheadDrafter, MedusaDrafter, MTPDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .draft import Draft
 from .metrics import SpeculativeStats
@@ -27,6 +27,7 @@ __all__ = [
     "DRAFTERS",
     "SCHEDULES",
     "VERIFIERS",
+    "DFlashDrafter",
     "Draft",
     "DraftLengthSchedule",
     "DraftModelDrafter",
@@ -35,6 +36,7 @@ __all__ = [
     "LayerSkipDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",
+    "MTPDrafter",
     "DynamicTree",
     "ExactVerifier",
     "GoodputSchedule",

@@ -103,6 +103,13 @@ def check_batch_support(cache: Cache) -> None:
         )
 
 
+def _gather_slots(states: torch.Tensor, order: torch.LongTensor) -> torch.Tensor:
+    """`states` `(batch_size, num_heads, num_slots, head_dim)` with slot j of row i taken from slot `order[i, j]`
+    (keys and values may differ in `head_dim`: multi-head latent attention)."""
+    index = order.to(states.device)[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[-1])
+    return states.gather(2, index)
+
+
 class RaggedCache:
     """A `DynamicCache` whose rows hold different numbers of tokens, for speculative decoding of a batch.
 
@@ -218,11 +225,9 @@ class RaggedCache:
         num_tail = order.shape[1]
         for layer in self.cache.layers:
             if layer.is_initialized:
-                index = order.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
-                                                                              layer.keys.shape[-1])
                 tail = slice(layer.keys.shape[-2] - num_tail, None)
-                layer.keys[..., tail, :] = layer.keys[..., tail, :].gather(2, index)
-                layer.values[..., tail, :] = layer.values[..., tail, :].gather(2, index)
+                layer.keys[..., tail, :] = _gather_slots(layer.keys[..., tail, :], order)
+                layer.values[..., tail, :] = _gather_slots(layer.values[..., tail, :], order)
 
     def truncate(self, lengths: torch.LongTensor) -> None:
         """Keeps the first `lengths[i]` tokens of row i (no-op for a row holding that many or fewer)."""
@@ -270,8 +275,6 @@ class RaggedCache:
         order = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, self.valid.shape[1] - width:]
         for layer in self.cache.layers:
             if layer.is_initialized:
-                index = order.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
-                                                                              layer.keys.shape[-1])
-                layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+                layer.keys, layer.values = _gather_slots(layer.keys, order), _gather_slots(layer.values, order)
         self.valid = torch.arange(width, device=self.valid.device) >= width - self.lengths[:, None]
         self._holes = bool((~self.valid).any())

@@ -31,6 +31,18 @@ def _attribute(module, names: tuple[str, ...], what: str, model_type: str):
                                   model_type))
 
 
+def feature_modules(model) -> tuple:
+    """The decoder layer list and the final norm of a causal LM of any family, for forward hooks (feature capture
+    reads what enters a layer and what the final norm gives; it runs nothing itself, so no family check).
+
+    Raises:
+        `ValueError`: a model whose base model has no decoder layer list or no final norm.
+    """
+    model_type, base = model.config.model_type, model.base_model
+    return (_attribute(base, LAYER_LIST_NAMES, "list of decoder layers", model_type),
+            _attribute(base, FINAL_NORM_NAMES, "final norm", model_type))
+
+
 class DecoderLayers:
     """The embeddings, decoder layers, final norm and LM head of a causal LM, run a slice of layers at a time.
 
@@ -57,8 +69,7 @@ class DecoderLayers:
                 "them (e.g. scaled embeddings or capped logits). Use DraftModelDrafter or PromptLookupDrafter."
             )
         base = model.base_model
-        self.layers = _attribute(base, LAYER_LIST_NAMES, "list of decoder layers", model_type)
-        self.final_norm = _attribute(base, FINAL_NORM_NAMES, "final norm", model_type)
+        self.layers, self.final_norm = feature_modules(model)
         self.rotary = getattr(base, "rotary_emb", None)
         self.learned_positions = getattr(base, "wpe", None)
         if (self.rotary is None) == (self.learned_positions is None):

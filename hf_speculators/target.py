@@ -9,7 +9,7 @@ start at its exit layer from the hidden states it drafted with (`Resume`), so no
 import torch
 
 from .cache import RaggedCache, truncate_layers
-from .decoder_layers import DecoderLayers
+from .decoder_layers import DecoderLayers, feature_modules
 from .drafters.base import Resume, TargetNeeds
 from .query import Query, forward
 
@@ -46,20 +46,21 @@ class FeatureCapture:
         needs (`TargetNeeds`): what to capture.
 
     Raises:
-        `ValueError`: a layer id outside the target's decoder layers, or a model `DecoderLayers` cannot take.
+        `ValueError`: a layer id outside the target's decoder layers, or a model without a decoder layer list or
+            final norm (`feature_modules`).
     """
 
     def __init__(self, model, needs: TargetNeeds):
-        layers = DecoderLayers(model)
+        layers, final_norm = feature_modules(model)
         bad = [i for i in needs.layer_ids
-               if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers.num_layers]
+               if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(layers)]
         if bad:
             raise ValueError(
-                f"Feature layer ids {bad} are outside this target's decoder layers 0..{layers.num_layers - 1}: the "
+                f"Feature layer ids {bad} are outside this target's decoder layers 0..{len(layers) - 1}: the "
                 "draft head was made for a deeper model, or its layer ids are wrong."
             )
-        self._inputs = [layers.layers[i] for i in needs.layer_ids]
-        self._outputs = [layers.final_norm] if needs.final_norm else []
+        self._inputs = [layers[i] for i in needs.layer_ids]
+        self._outputs = [final_norm] if needs.final_norm else []
 
     def run(self, forward_fn) -> tuple[torch.Tensor, torch.FloatTensor]:
         """Runs `forward_fn()` with the hooks on; returns its result and the features `(batch_size, num_query,

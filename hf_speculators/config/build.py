@@ -71,6 +71,13 @@ def _hybrid(config, target, target_tokenizer, loaded: dict) -> Drafter:
                          build_drafter(model, target, target_tokenizer, **loaded))
 
 
+def _mtp(config, target) -> Drafter:
+    """The `MTPDrafter` of the MTP layers stored beside `target`'s checkpoint."""
+    if target is None:
+        raise ValueError("method='mtp' drafts with the target's own MTP layers: pass the target model.")
+    return DRAFTERS["mtp"].from_target(target, num_draft_tokens=config.num_draft_tokens, tree=config.tree)
+
+
 def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
     """The drafter of `config.method` for `target`, given every config field its constructor takes; the one factory
     of drafters, behind presets, `generate(speculative_config=...)`, the command line and the benchmark.
@@ -96,17 +103,19 @@ def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
         `FileNotFoundError`: a local `draft_model` or `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
-    if config.method not in DRAFTERS:
+    if config.method not in DRAFTERS or (config.method == "mtp" and config.draft_model is not None):
         hint = (
             " It is a vllm-project/speculators drafter type: vLLM runs it with speculative_config=config.to_vllm()."
             if config.method in SPECULATORS_TYPES else ""
         )
         raise ValueError(
-            f"method={config.method!r} cannot be built by this version of hf_speculators: the drafters available "
-            f"are {sorted(DRAFTERS)}.{hint}"
+            f"method={config.method!r}{' with a draft_model' if config.method in DRAFTERS else ''} cannot be built "
+            f"by this version of hf_speculators: the drafters available are {sorted(DRAFTERS)}.{hint}"
         )
     if config.method == "hybrid":
         return _hybrid(config, target, target_tokenizer, loaded)
+    if config.method == "mtp" and config.draft_model is None:
+        return _mtp(config, target)
     drafter_class = DRAFTERS[config.method]
     from_checkpoint = hasattr(drafter_class, "from_pretrained")
     parameters = inspect.signature(drafter_class.from_pretrained if from_checkpoint else drafter_class).parameters

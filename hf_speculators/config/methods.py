@@ -11,8 +11,13 @@ SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantizatio
 # method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
 HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
                 "medusa-tree": "medusa_head", "hybrid-eagle3": "eagle_head"}
+# the drafters transformers ships: the target's own MTP layers (beside its checkpoint, no option) and DFlash block
+# drafters (method -> the option naming the checkpoint)
+NATIVE_METHODS = {"mtp": None, "mtp-tree": None, "dflash": "dflash_model", "dflash-tree": "dflash_model"}
+# method -> the option naming the checkpoint it drafts with
+CHECKPOINT_OPTIONS = {**HEAD_METHODS, **{name: option for name, option in NATIVE_METHODS.items() if option}}
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "suffix", "lookahead", "draft-model", "draft-model-tree",
-           "hybrid", "layer-skip", *SELF_DRAFT_METHODS, *HEAD_METHODS)
+           "hybrid", "layer-skip", *SELF_DRAFT_METHODS, *HEAD_METHODS, *NATIVE_METHODS)
 DRAFT_MODEL_METHODS = ("draft-model", "draft-model-tree", "hybrid")
 LOADED_DRAFT = "<loaded draft model>"  # a config's draft_model when the caller passes the loaded model itself
 TREE_NUM_CANDIDATES = 4  # continuations merged by "prompt-lookup-tree" unless num_candidates is given
@@ -39,6 +44,7 @@ def method_config(
     draft_vocab_size: int | None = None,
     eagle_head: str | None = None,
     medusa_head: str | None = None,
+    dflash_model: str | None = None,
     max_tree_depth: int | None = None,
     max_spec_factor: float | None = None,
     min_token_prob: float | None = None,
@@ -68,6 +74,11 @@ def method_config(
     - `"eagle3"`, `"eagle3-tree"`: `EagleDrafter` from the checkpoint `eagle_head` (any EAGLE format), a chain of
       `num_draft_tokens` or a `DynamicTree(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)`.
     - `"medusa"`, `"medusa-tree"`: `MedusaDrafter` from the checkpoint `medusa_head`, the same way.
+    - `"mtp"`, `"mtp-tree"`: `MTPDrafter` of the target's own MTP layers (stored beside its checkpoint), a chain of
+      one token per MTP layer or a `DynamicTree` of `tree_top_k`, `tree_nodes` and that depth (`num_draft_tokens`
+      does not apply: the layers set the draft length, as in transformers' `use_mtp=True`).
+    - `"dflash"`, `"dflash-tree"`: `DFlashDrafter` from the checkpoint `dflash_model`, a chain of `block_size - 1`
+      tokens (transformers' draft length) or a `DynamicTree` of `tree_top_k`, `tree_nodes` and that depth.
 
     Raises:
         `ValueError`: an unknown method, or settings the config refuses (e.g. a draft-model method without
@@ -77,6 +88,7 @@ def method_config(
         raise ValueError(f"Unknown method {method!r}; choose one of {', '.join(METHODS)}.")
     lookup = _given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size, prefer=prefer)
     tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)  # {}: a DynamicTree's defaults
+    native_tree = _given(top_k=tree_top_k, num_nodes=tree_nodes)  # as deep as the MTP layers or the block allow
     suffix = _given(max_tree_depth=max_tree_depth, max_spec_factor=max_spec_factor, min_token_prob=min_token_prob,
                     use_tree_spec=use_tree_spec)
     settings = {
@@ -100,6 +112,10 @@ def method_config(
         "eagle3-tree": {"method": "eagle3", "draft_model": eagle_head, "tree": tree},
         "medusa": {"method": "medusa", "draft_model": medusa_head, "num_draft_tokens": num_draft_tokens},
         "medusa-tree": {"method": "medusa", "draft_model": medusa_head, "tree": tree},
+        "mtp": {"method": "mtp"},
+        "mtp-tree": {"method": "mtp", "tree": native_tree},
+        "dflash": {"method": "dflash", "draft_model": dflash_model},
+        "dflash-tree": {"method": "dflash", "draft_model": dflash_model, "tree": native_tree},
     }[method]
     return SpeculativeConfig(**_given(**settings))
 

@@ -31,6 +31,9 @@ METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
     **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
     **{name: (("draft_model",), ("draft_revision", "tree")) for name in HEAD_METHODS},
+    # the target's own MTP layers, beside its checkpoint (draft_model: a speculators-format MTP checkpoint, for vLLM)
+    "mtp": ((), ("tree", "draft_model", "draft_revision")),
+    "dflash": (("draft_model",), ("draft_revision", "tree")),  # draft_model: the DFlash drafter's checkpoint
 }
 
 
@@ -83,7 +86,8 @@ class SpeculativeConfig:
     Args:
         method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
             `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), `"suffix"`
-            (`SuffixDrafter`), `"lookahead"` (`LookaheadDrafter`), `"hybrid"` (`HybridDrafter`), and methods that load
+            (`SuffixDrafter`), `"lookahead"` (`LookaheadDrafter`), `"hybrid"` (`HybridDrafter`), `"mtp"` (`MTPDrafter`:
+            the target's multi-token-prediction layers), `"dflash"` (`DFlashDrafter`), and methods that load
             as a config but cannot be built in this version (the speculators drafter types in
             `SPECULATORS_TYPES`).
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1; under the `"goodput"`

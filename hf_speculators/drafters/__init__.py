@@ -1,12 +1,14 @@
 """Drafters and their registry, keyed by the names the CLI's `--method` takes."""
 
 from .base import Drafter
+from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookahead import LookaheadDrafter
 from .medusa import MedusaDrafter
+from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter
 from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
@@ -21,10 +23,12 @@ DRAFTERS: dict[str, type[Drafter]] = {
     MedusaDrafter.name: MedusaDrafter,
     LookaheadDrafter.name: LookaheadDrafter,
     SuffixDrafter.name: SuffixDrafter,
+    MTPDrafter.name: MTPDrafter,
+    DFlashDrafter.name: DFlashDrafter,
     HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
+    "DRAFTERS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

@@ -153,10 +153,6 @@ class EagleDrafter(HeadDrafter):
         """The head module as given (or loaded)."""
         return self.module
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None
-
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
                         num_draft_tokens: int = 5, tree=None) -> "EagleDrafter":
@@ -313,5 +309,4 @@ class EagleDrafter(HeadDrafter):
         return [row_nodes.draft(self.tree.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
 
     def __repr__(self) -> str:
-        shape = f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"
-        return f"EagleDrafter({type(self.head).__name__}, {shape})"
+        return f"EagleDrafter({type(self.head).__name__}, {self.shape_repr()})"

@@ -10,6 +10,22 @@ from ..draft import Draft
 from .base import Drafter, DraftState
 
 
+def bounded_depth(num_draft_tokens: int | None, tree, most: int, what: str) -> int:
+    """The draft length of a drafter that drafts at most `most` tokens per step (`what` says why): `num_draft_tokens`
+    (default `most`), or the depth of `tree` (capped at `most`).
+
+    Raises:
+        `ValueError`: `num_draft_tokens` outside `1 .. most`.
+    """
+    if tree is not None:
+        return min(tree.depth, most)
+    if num_draft_tokens is None:
+        return most
+    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= most:
+        raise ValueError(f"num_draft_tokens must be an integer in 1..{most} ({what}), got {num_draft_tokens!r}.")
+    return num_draft_tokens
+
+
 class HeadDrafter(Drafter):
     """A drafter whose draft module (`self.module`: an EAGLE head, Medusa heads) reads the target's hidden states,
     which the speculative loop captures in its own forwards and hands over through `observe` (see `target_needs`):
@@ -26,6 +42,15 @@ class HeadDrafter(Drafter):
     """
 
     converts_per_call = True  # `module_for`: a drafter built for one device and dtype serves any other
+    tree = None  # the token-tree shape (`StaticTree` or `DynamicTree`) of a drafter that drafts trees; else chains
+
+    @property
+    def drafts_trees(self) -> bool:
+        return self.tree is not None
+
+    def shape_repr(self) -> str:
+        """What the drafter drafts, for `__repr__`: its tree, or its chains' length."""
+        return f"num_draft_tokens={self.num_draft_tokens}" if self.tree is None else f"tree={self.tree!r}"
 
     def __init__(self, module: nn.Module, num_draft_tokens: int, owns_module: bool = False):
         super().__init__(num_draft_tokens)

@@ -125,10 +125,6 @@ class MedusaDrafter(HeadDrafter):
         """The heads as given (or loaded)."""
         return self.module
 
-    @property
-    def drafts_trees(self) -> bool:
-        return self.tree is not None
-
     @classmethod
     def from_pretrained(cls, repo_id_or_path: str, *, revision: str | None = None, token: str | None = None,
                         num_draft_tokens: int | None = None, tree=None) -> "MedusaDrafter":

@@ -211,6 +211,40 @@ def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.Long
     return nodes
 
 
+def position_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
+                   position_logits: Sequence[torch.FloatTensor], max_tokens: Sequence[int]) -> list[Draft]:
+    """Token trees from per-position draft logits: a node at depth d takes its children from the logits of depth d
+    whatever its parent (a block drafter's or a multi-token-prediction drafter's top-k per position, as Medusa's
+    heads give them), so growing the tree costs no draft forward.
+
+    Args:
+        shape (`StaticTree` or `DynamicTree`): the trees' shape.
+        input_ids (`Sequence[torch.LongTensor]`): each row's committed tokens, `(1, sequence_length_i)`.
+        logits_processor (`LogitsProcessorList`): the call's processors and warpers, applied to each node's row.
+        position_logits (`Sequence[torch.FloatTensor]`): each row's draft logits `(num_positions_i, vocab_size)`
+            of the tokens after its committed ones (row 0 is the first draft token's).
+        max_tokens (`Sequence[int]`): each row's deepest path allowed (0: an empty draft); at most
+            `num_positions_i` is used.
+
+    Returns:
+        `list[Draft]`: each row's deterministic tree (`draft_probs=None`).
+    """
+    depth = 0
+    budgets = [min(budget, len(logits)) for budget, logits in zip(max_tokens, position_logits)]
+    vocab_size = max(logits.shape[-1] for logits in position_logits)
+
+    def forward(feeds: list) -> list:
+        nonlocal depth
+        depth += 1
+        return [None if feed is None else position_logits[i][depth].expand(len(feed[1]), -1)
+                for i, feed in enumerate(feeds)]
+
+    root_logits = torch.stack([logits[0] if len(logits) else logits.new_zeros(vocab_size)
+                               for logits in position_logits])
+    nodes = grow_trees(shape, input_ids, logits_processor, root_logits, budgets, forward)
+    return [row_nodes.draft(shape.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
+
+
 class TreeDrafter(DraftModelDrafter):
     """Drafts a token tree with a smaller causal LM: several candidates per depth, checked in one target forward.
 

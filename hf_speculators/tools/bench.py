@@ -91,11 +91,16 @@ EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
 # (a quantization library; "self-draft-fp8" a GPU) and the head methods (a draft head checkpoint made for the
 # target): run when asked for only
 METHODS = (*DEFAULT_METHODS, "hf-universal-assisted", "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
-           *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS)
+           *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS,
+           *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash")
 DRAFT_MODEL_METHODS = ("hf-assisted", "hf-universal-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers' own methods, run as baselines: name -> the config method they correspond to
 TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
-                        "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip"}
+                        "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip", "hf-mtp": "mtp",
+                        "hf-dflash": "dflash"}
+# transformers' methods whose draft length is the assistant's generation_config (pinned); MTP's and DFlash's is the
+# model's own (its MTP layers, its block)
+PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip")
 TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
 ENGINES = ("hf_speculators", "transformers")
 # where our drafters keep the module that drafts: DraftModelDrafter's draft model, EagleDrafter's head, MedusaDrafter's
@@ -340,6 +345,8 @@ def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeni
     """The `model.generate` keywords that select `method` (decoding mode and lengths are added by the caller); the
     tokenizers reach our drafters (a draft of another tokenizer) and transformers' universal assisted generation."""
     config = method.config
+    if method.engine == "transformers" and config.method == "dflash":  # the drafter's checkpoint as the assistant
+        return {"speculation_type": "dflash", "assistant_model": build_drafter(config, target).model}
     if method.engine == "transformers":
         universal = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if method.universal else {}
         if method.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy
@@ -350,6 +357,7 @@ def _generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeni
             # its tokens, schedule and threshold: _pinned_assistant_config
             "draft-model": {"assistant_model": draft, **universal},
             "layer-skip": {"assistant_early_exit": config.exit_layer},  # the target is its own assistant
+            "mtp": {"use_mtp": True},  # the MTP layers beside the target's checkpoint
         }[config.method]
     loaded = {"draft_model": draft, "draft_tokenizer": draft_tokenizer} if config.draft_model == LOADED_DRAFT else {}
     verifier = resolve_verifier(build_verifier(config), do_sample)
@@ -601,13 +609,15 @@ def _divergence(target, batch: Batch, row: int, run: _Run, plain: _Run, exact: b
 class BenchMethod:
     """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
     transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
-    `"hf-universal-assisted"`, `"hf-early-exit"`).
+    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`).
 
     Attributes:
         config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
             `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
             `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
-            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`).
+            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`),
+            or `"mtp"` (`use_mtp=True`) or `"dflash"` (`speculation_type="dflash"`, the DFlash checkpoint
+            `draft_model` as `assistant_model`), whose draft length is the model's own.
         engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
@@ -758,7 +768,7 @@ def named_methods(
     if needs_exit and options.get("exit_layer") is None:
         raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
     for method in names:
-        option = speculative_methods.HEAD_METHODS.get(method)
+        option = speculative_methods.CHECKPOINT_OPTIONS.get(method.removeprefix("hf-"))
         if option is not None and options.get(option) is None:
             raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
     chosen = {}
@@ -782,6 +792,10 @@ def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int
         return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
     if method in ("hf-assisted", "hf-universal-assisted"):
         return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
+    if method == "hf-mtp":
+        return SpeculativeConfig("mtp")
+    if method == "hf-dflash":
+        return SpeculativeConfig("dflash", draft_model=options["dflash_model"])
     return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
                              confidence_threshold=options.get("confidence_threshold"))
 
@@ -866,7 +880,7 @@ def run_benchmark(
     with ExitStack() as stack:
         stack.enter_context(_num_threads(settings.num_threads))
         for label, m in methods.items():
-            if m.engine == "transformers" and m.config.method != "prompt-lookup":
+            if m.engine == "transformers" and m.config.method in PINNED_TRANSFORMERS_METHODS:
                 # the assistant the method runs (its own copy for universal speculative decoding), else the target
                 assistant = kwargs.get(label, {}).get("assistant_model", target)
                 stack.enter_context(_pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),

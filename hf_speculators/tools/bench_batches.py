@@ -99,7 +99,8 @@ def row_stats(stats: SpeculativeStats | None, row: int, num_rows: int) -> Specul
 def batch_skip_reason(generate_kwargs: dict) -> str | None:
     """Why a method's generate keywords cannot run a batch of several prompts, or `None` if they can (every drafter
     of ours batches; transformers' assisted generation does not)."""
-    transformers_method = {"prompt_lookup_num_tokens", "assistant_model", "assistant_early_exit"} & set(generate_kwargs)
+    transformers_method = {"prompt_lookup_num_tokens", "assistant_model", "assistant_early_exit",
+                           "use_mtp"} & set(generate_kwargs)
     return "transformers' assisted generation supports batch size 1 only" if transformers_method else None
 
 

@@ -159,6 +159,8 @@ def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None
                         help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
     parser.add_argument("--medusa-head", default=default_medusa,
                         help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
+    parser.add_argument("--dflash-model", default=None,
+                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target")
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
@@ -345,7 +347,7 @@ def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
              "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
-             "max_tree_depth", "max_spec_factor", "min_token_prob", "window_size", "ngram_size",
+             "dflash_model", "max_tree_depth", "max_spec_factor", "min_token_prob", "window_size", "ngram_size",
              "verification_set_size")
     return {name: getattr(args, name, None) for name in names}
 
@@ -356,13 +358,14 @@ def config_from_args(args) -> SpeculativeConfig:
     `--method NAME` (a named method, as for `bench` and `sweep`) replaces the preset's method by
     `method_config(NAME, ...)` with the drafter flags given, keeping the preset's draft model or head checkpoint
     where the new method takes one; `--draft` without `--method` over a preset whose method takes no draft model
-    switches to `draft-model`. `--eagle-head` and `--medusa-head` name the head of an EAGLE or Medusa method.
+    switches to `draft-model`. `--eagle-head`, `--medusa-head` and `--dflash-model` name the head of an EAGLE,
+    Medusa or DFlash method.
     """
     config = SpeculativeConfig.from_pretrained(args.preset)
     method = args.method
     if method is None and args.draft is not None and "draft_model" not in method_fields(config.method):
         method = "draft-model"  # --draft alone over a preset without a draft model (the default's)
-    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",)}
+    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",), "dflash_model": ("dflash",)}
     given_head = next((name for name in heads if getattr(args, name) is not None), None)
     if method is None and given_head is not None:
         if config.method not in heads[given_head]:
@@ -373,7 +376,7 @@ def config_from_args(args) -> SpeculativeConfig:
         kept = config.draft_model if "draft_model" in method_fields(config.method) else None
         options = {name: value for name, value in _method_options(args).items() if value is not None}
         for name, methods in heads.items():
-            options.setdefault(name, kept if config.method in methods else DEFAULT_HEADS[name])
+            options.setdefault(name, kept if config.method in methods else DEFAULT_HEADS.get(name))
         named = method_config(method, draft_model=args.draft or kept, **options)
         config = config.override(**named.to_dict())
     flags = {

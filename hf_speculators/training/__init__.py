@@ -25,7 +25,7 @@ import importlib
 _EXPORTS = {
     "Text": "data", "load_texts": "data", "split_held_out": "data", "regenerate": "data",
     "reference_examples": "data", "save_examples": "data", "load_examples": "data", "token_counts": "data",
-    "TargetFeatures": "target_features", "draft_vocabulary": "eagle3", "build_eagle3_head": "eagle3",
+    "distill_mtp": "native", "distill_dflash": "native", "TargetFeatures": "target_features", "draft_vocabulary": "eagle3", "build_eagle3_head": "eagle3",
     "Eagle3Loss": "eagle3", "build_medusa_heads": "medusa", "MedusaLoss": "medusa", "DistillLoss": "distill",
     "load_draft": "distill", "TrainingSettings": "loop", "fit": "loop", "Acceptance": "evaluate",
     "measure_acceptance": "evaluate", "train_eagle3": "trainers", "train_medusa": "trainers",

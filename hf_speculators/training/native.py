@@ -1,0 +1,93 @@
+"""Fitting the drafters that transformers ships to a frozen target on its own outputs: multi-token-prediction
+layers (`MtpModel`) and DFlash block drafters. A short Adam run over a few sequences: enough to make tiny test and
+benchmark drafters that are often accepted, not a training recipe for real models (see `trainers` for those)."""
+
+import torch
+
+
+def distill_mtp(mtp_model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
+    """Trains the MTP layers (the target frozen) so that layer k at position t predicts token x_{t+2+k} of
+    `sequences` from the target's last hidden states (DeepSeek-V3's MTP objective, cross-entropy summed over the
+    layers), with full-batch Adam.
+
+    Args:
+        mtp_model (`MtpModel`): transformers' MTP layers tied to `target`; its shared embeddings and LM head stay
+            as they are.
+        target (`PreTrainedModel`): the target; its parameters are left frozen (`requires_grad=False`).
+        sequences (`list[torch.LongTensor]`): token sequences `(1, length)`, best the target's own greedy outputs.
+        steps (`int`, defaults to 60): optimizer steps. lr (`float`, defaults to 3e-3): Adam's learning rate.
+
+    Returns:
+        `mtp_model`, in eval mode.
+    """
+    target.requires_grad_(False)
+    with torch.no_grad():
+        features = [target(ids, output_hidden_states=True).hidden_states[-1] for ids in sequences]
+    parameters = [p for name, p in mtp_model.named_parameters()
+                  if not name.startswith(("embed_tokens", "shared_head"))]
+    optimizer = torch.optim.Adam(parameters, lr=lr)
+    mtp_model.train()
+    for _ in range(steps):
+        loss = 0.0
+        for ids, hidden in zip(sequences, features):
+            layer_hidden = hidden[:, :-1]
+            for k in range(len(mtp_model.layers)):
+                length = ids.shape[1] - 2 - k
+                if length < 1:
+                    break
+                layer_hidden = layer_hidden[:, :length]
+                positions = torch.arange(k + 1, k + 1 + length)[None]
+                layer_hidden = mtp_model.forward_layer(k, layer_hidden, positions, None,
+                                                       input_ids=ids[:, k + 1 : k + 1 + length])
+                logits = mtp_model._project_to_logits(layer_hidden)
+                loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, k + 2 : k + 2 + length])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return mtp_model.eval()
+
+
+def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
+    """Trains a DFlash block drafter (the target frozen) so that the block anchored at every other position a of
+    `sequences` (the token x_a, then `block_size - 1` mask tokens), with the context of the target's features of
+    the tokens before a, predicts x_{a+1} .. x_{a+block_size-1} (cross-entropy), with full-batch Adam. The blocks
+    of one sequence share one forward: each block sees the context before its anchor and itself.
+
+    `model` (`MuseGlimmerAssistantModel`, its logits through `target`'s LM head) is returned in eval mode; the other
+    arguments are `distill_mtp`'s.
+    """
+    target.requires_grad_(False)
+    block, mask_id = model.config.block_size, model.config.mask_token_id
+    embeddings, head = target.get_input_embeddings(), target.get_output_embeddings()
+    batches = []
+    with torch.no_grad():
+        for ids in sequences:
+            hidden_states = target(ids, output_hidden_states=True).hidden_states
+            context = torch.cat([hidden_states[i + 1] for i in model.config.target_layer_ids], dim=-1)
+            anchors = torch.arange(1, ids.shape[1] - block + 1, 2)
+            noise = torch.full((len(anchors), block), mask_id)
+            noise[:, 0] = ids[0, anchors]
+            slots = anchors[:, None] + torch.arange(block)  # [anchors, block] each block token's position
+            length = ids.shape[1]
+            sees = torch.zeros(len(anchors), block, length + len(anchors) * block, dtype=torch.bool)
+            sees[:, :, :length] = torch.arange(length) < anchors[:, None, None]
+            for j in range(len(anchors)):
+                sees[j, :, length + j * block : length + (j + 1) * block] = True
+            mask = torch.zeros(sees.shape).masked_fill_(~sees, torch.finfo(torch.float32).min)
+            mask = mask.view(1, 1, len(anchors) * block, -1)
+            position_ids = torch.cat([torch.arange(length), slots.flatten()])[None]
+            labels = ids[0, slots[:, 1:]]  # [anchors, block - 1]
+            batches.append((embeddings(noise.view(1, -1)), context, mask, position_ids, labels))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = 0.0
+        for noise_embeds, context, mask, position_ids, labels in batches:
+            out = model(noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids,
+                        attention_mask={"full_attention": mask, "sliding_attention": mask})
+            logits = head(out.last_hidden_state.view(len(labels), block, -1)[:, 1:])
+            loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
