@@ -39,7 +39,7 @@ from .sweep import (
 from ..config.vllm_export import vllm_commands
 from ..verifiers import VERIFIERS
 
-DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (README, "The default job")
+DEFAULT_PRESET = "demo-hybrid"  # the fastest lossless demo preset, greedy and sampling (docs/benchmarks/model_free.md)
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 DEFAULT_HEADS = {"eagle_head": DEMO_EAGLE3, "medusa_head": DEMO_MEDUSA}  # the head checkpoints of the demo target
 DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
