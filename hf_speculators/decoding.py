@@ -105,7 +105,9 @@ def generate(
         input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the prompt, or left-padded prompts
             (with their `attention_mask`): one `SpeculativeLoop` serves both, each row verified on its
             own, every row exactly its own plain output (greedy) or lossless (sampling).
-        logits_processor, stopping_criteria, generation_config: as prepared by transformers' `generate`.
+        logits_processor (`LogitsProcessorList`): as prepared by transformers' `generate`.
+        stopping_criteria (`StoppingCriteriaList`): as prepared by transformers' `generate`.
+        generation_config (`GenerationConfig`): as prepared by transformers' `generate`.
         synced_gpus (`bool`): must be `False`: multi-GPU synchronisation is not supported (a clear error; transformers
             drops `synced_gpus=` before calling a custom generate callable, so it is caught by `enable(model)`'s
             wrapper).
@@ -218,7 +220,7 @@ def enable(model):
         model (`PreTrainedModel`): a decoder-only causal LM.
 
     Returns:
-        The same `model`, for chaining.
+        `PreTrainedModel`: the same `model`, for chaining.
 
     Raises:
         `ValueError` (from the wrapper): `synced_gpus=True` with speculation; `stop_strings=` without `tokenizer=`; `verifier=`, `generator=` or

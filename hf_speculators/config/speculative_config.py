@@ -92,7 +92,8 @@ class SpeculativeConfig:
             `SCHEDULES`: `"constant"` (unset means constant), `"heuristic"` (transformers' +2/-1 rule) or
             `"goodput"` (the length of the highest expected tokens per second, measured during the call; 0 to
             `num_draft_tokens`); see `hf_speculators.generate`. For a tree it chooses the depth.
-        max_ngram_size, min_ngram_size (`int`, *optional*): prompt lookup's longest and shortest n-gram.
+        max_ngram_size (`int`, *optional*): prompt lookup's longest n-gram.
+        min_ngram_size (`int`, *optional*): prompt lookup's shortest n-gram.
         num_candidates (`int`, *optional*): prompt lookup's continuations merged into one token tree (1: a chain).
         prefer (`str`, *optional*): prompt lookup's match rule among earlier occurrences, `"latest"` or
             `"earliest"` (`MATCH_RULES`).
@@ -112,19 +113,27 @@ class SpeculativeConfig:
         tree (`dict`, *optional*): the tree drafter's shape: `{"paths": [...]}` (a static tree of child ranks) or
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
             Unset: `TreeDrafter`'s default dynamic tree.
-        max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob, use_tree_spec (*optional*): suffix
-            decoding's settings (`SuffixDrafter`; methods `"suffix"` and `"hybrid"`).
-        window_size, ngram_size, verification_set_size (`int`, *optional*): lookahead decoding's W, N and G
-            (`LookaheadDrafter`); its draft length is `ngram_size - 1`, so `num_draft_tokens` does not apply.
+        max_tree_depth (`int`, *optional*): suffix decoding's most tokens of a match and its draft together
+            (`SuffixDrafter`; methods `"suffix"` and `"hybrid"`, as the four fields below).
+        max_cached_requests (`int`, *optional*): suffix decoding's earlier rows kept in its cross-call memory.
+        max_spec_factor (`float`, *optional*): suffix decoding's draft tokens allowed per matched token.
+        min_token_prob (`float`, *optional*): suffix decoding's lowest estimated probability of a drafted token.
+        use_tree_spec (`bool`, *optional*): suffix decoding drafts a token tree instead of a chain.
+        window_size (`int`, *optional*): lookahead decoding's W (`LookaheadDrafter`).
+        ngram_size (`int`, *optional*): lookahead decoding's N; its draft length is `ngram_size - 1`, so
+            `num_draft_tokens` does not apply.
+        verification_set_size (`int`, *optional*): lookahead decoding's G.
         model_method (`str`, *optional*): method `"hybrid"`'s model drafter, one of `HYBRID_MODEL_METHODS`
             (`"draft-model"`, the default, or `"eagle3"`: `draft_model` is then the head's checkpoint);
             `num_draft_tokens` is its draft length.
         verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
             `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
-        typical_epsilon, typical_delta (`float`, *optional*): `typical` verification's parameters, in (0, 1]
-            and > 0.
-        top_k (`int`, *optional*), accept_tolerance (`float`, *optional*): `top_k` verification's parameters
-            (speculators' `verifier_accept_k` and `accept_tolerance`, >= 0 nats).
+        typical_epsilon (`float`, *optional*): `typical` verification's epsilon, in (0, 1].
+        typical_delta (`float`, *optional*): `typical` verification's delta, > 0.
+        top_k (`int`, *optional*): `top_k` verification's number of target tokens (speculators'
+            `verifier_accept_k`).
+        accept_tolerance (`float`, *optional*): `top_k` verification's tolerance, >= 0 nats (speculators'
+            `accept_tolerance`).
         target_model (`str`, *optional*): the target the settings were chosen for; building for another model
             warns.
         source (`str`, *optional*): where the recommended settings come from.

@@ -135,7 +135,7 @@ class DraftModelDrafter(Drafter):
             model (`PreTrainedModel`): the target, in full precision (float32, bfloat16 or float16).
             quantization (`str`): `"int8"` (torchao), `"nf4"` (bitsandbytes), `"int4"` (torchao) or `"fp8"`
                 (torchao, CUDA GPUs of compute capability >= 8.9 only); see `hf_speculators.quantization`.
-            **kwargs: the drafter's other arguments, e.g. `num_draft_tokens=5` (for `TreeDrafter`: `tree=`).
+            **kwargs (`Any`): the drafter's other arguments, e.g. `num_draft_tokens=5` (for `TreeDrafter`: `tree=`).
 
         Raises:
             `ValueError`: before any work, for a bad drafter argument, an unknown quantization, `"fp8"` without such

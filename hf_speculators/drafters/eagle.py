@@ -165,8 +165,10 @@ class EagleDrafter(HeadDrafter):
 
         Args:
             repo_id_or_path (`str`): a local folder or a Hub id (its JSON and weight files are downloaded).
-            revision (`str`, *optional*): a Hub branch, tag or commit. token (`str`, *optional*): a Hub token.
-            num_draft_tokens, tree: as for the constructor.
+            revision (`str`, *optional*): a Hub branch, tag or commit.
+            token (`str`, *optional*): a Hub token.
+            num_draft_tokens (`int`, *optional*, defaults to 5): as for the constructor.
+            tree (`StaticTree`, `DynamicTree` or `str`, *optional*): as for the constructor.
 
         Raises:
             `FileNotFoundError`: a local path that is not a folder, or a folder without weights.

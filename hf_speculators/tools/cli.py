@@ -27,6 +27,7 @@ from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
 from .plots import plot_benchmark, pyplot, read_records
 from .quiet import quiet_third_party
+from .report import markdown_report
 from ..training.cli import add_training_commands
 from .sweep import (
     DEFAULT_TOP_K_SETTINGS,
@@ -302,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(run=run_sweep_command)
 
     _add_plot(commands)
+    _add_report(commands)
     _add_presets(commands)
     _add_export(commands)
     add_training_commands(commands)
@@ -314,6 +316,13 @@ def _add_plot(commands) -> None:
     plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
     _add_verbose_option(plot)
     plot.set_defaults(run=run_plot)
+
+
+def _add_report(commands) -> None:
+    report = commands.add_parser("report", help="print a saved bench run (its JSONL records) as Markdown tables")
+    report.add_argument("records", help="the JSONL file of hf-speculators bench --out")
+    _add_verbose_option(report)
+    report.set_defaults(run=run_report)
 
 
 def _add_presets(commands) -> None:
@@ -549,6 +558,11 @@ def run_export(args) -> int:
 def run_plot(args) -> int:
     plot_benchmark(read_records(args.records), args.out)
     print(f"plot: {args.out}")
+    return 0
+
+
+def run_report(args) -> int:
+    print(markdown_report(read_records(args.records)), end="")
     return 0
 
 

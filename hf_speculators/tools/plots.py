@@ -93,5 +93,6 @@ def plot_benchmark(records: Sequence[dict], path: str | Path) -> None:
 
 def _title(provenance: dict) -> str:
     target = provenance.get("target") or "target"
+    new_tokens = provenance.get("run", {}).get("settings", {}).get("max_new_tokens", "?")
     return (f"{Path(target).name} on {provenance.get('device', '?')}, {provenance.get('dtype', '?')}, "
-            f"{provenance.get('num_threads', '?')} thread(s), {provenance.get('max_new_tokens', '?')} new tokens")
+            f"{provenance.get('num_threads', '?')} thread(s), {new_tokens} new tokens")
