@@ -296,9 +296,9 @@ def test_summarize_pools_totals():
 def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target, draft, tokenizer):
     result = bench(target, draft, tokenizer, methods=["hf-prompt-lookup", "draft-model"], verbose=False,
                    variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])
-    names = ["plain", "hf-prompt-lookup", "draft-model[k=1]", "draft-model[k=3]", "draft-model[goodput,k<=3]",
-             "draft-model[heuristic,k=2]"]
-    assert list(result.summary["all"]) == names  # transformers' method keeps num_draft_tokens: one run
+    names = ["plain", "hf-prompt-lookup[k=1]", "hf-prompt-lookup[k=3]", "draft-model[k=1]", "draft-model[k=3]",
+             "draft-model[goodput,k<=3]", "draft-model[heuristic,k=2]"]
+    assert list(result.summary["all"]) == names  # transformers' method: once per constant variant
     assert result.ok and len(result.records) == len(names) * len(PROMPTS)
     by_name = {r["method"]: r for r in result.records if r["prompt_index"] == 0}
     assert len(by_name["draft-model[k=1]"]["draft_lengths"]) == 2  # asked for 0 or 1 tokens
@@ -307,6 +307,7 @@ def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target
     assert result.summary["all"]["draft-model[k=3]"]["mean_draft_length"] <= 3
     methods = result.records[0]["provenance"]["run"]["methods"]
     assert methods["draft-model[goodput,k<=3]"]["num_draft_tokens_schedule"] == "goodput"
+    assert methods["hf-prompt-lookup[k=3]"]["num_draft_tokens"] == 3
 
 
 @pytest.mark.parametrize(("variants", "message"), [([(0, "constant")], "num_draft_tokens must be an integer >= 1"),

@@ -113,6 +113,28 @@ def test_sampling_is_lossless_and_the_test_catches_a_lossy_verifier(zoo):
                for name in SAMPLING_PROMPTS)
 
 
+def test_the_model_free_draft_is_taken_when_it_promises_more_tokens_per_second():
+    """Arctic Inference's threshold before anything is measured (score >= the model's draft length, then its mean
+    accepted tokens); measured model-free drafts accepted below their scores raise the bar, measured model steps
+    slower than model-free ones lower it."""
+    from hf_speculators.drafters.hybrid import HybridState
+    from transformers import GenerationConfig
+
+    state = HybridState(None, GenerationConfig())
+    assert state.takes_model_free(3.0, 3) and not state.takes_model_free(2.9, 3)
+    state.figures["model"] = [10, 30, 20]  # 2 accepted per model draft
+    assert state.takes_model_free(2.0, 3) and not state.takes_model_free(1.9, 3)
+    state.figures["model_free"], state.free_scores = [10, 40, 8], 38.0  # 8 accepted for a score of 38
+    assert state.free_accepted_per_score() == pytest.approx(0.25)
+    assert not state.takes_model_free(4.0, 3) and state.takes_model_free(8.0, 3)
+    for source, now in (("model_free", 0.0), ("model", 1.0), ("model_free", 4.0), ("model", 5.0)):
+        state.time_step(source, now)  # a step runs from its propose to the next one
+    assert state.step_seconds == {"model_free": [2, 2.0], "model": [1, 3.0]} and state.step_started == ("model", 5.0)
+    state.step_seconds = {"model_free": [100, 100.0], "model": [100, 300.0]}  # model steps 3x as long
+    assert state.cost_ratio() == pytest.approx(104 / 304)  # the prior: 2 steps of each at the mean, 2 s
+    assert state.takes_model_free(0.5, 3) and not state.takes_model_free(0.0, 3)  # 1.125 and 1 against 3 * 0.34
+
+
 def test_a_model_free_drafter_must_score_its_drafts(zoo):
     with pytest.raises(ValueError, match="scores its drafts"):
         hs.HybridDrafter(hs.PromptLookupDrafter(), hs.SuffixDrafter())
@@ -130,6 +152,7 @@ def test_configs_and_named_methods_build_the_model_free_drafters(zoo):
     assert isinstance(hybrid.model_drafter, hs.DraftModelDrafter) and hybrid.model_drafter.num_draft_tokens == 3
     assert hybrid.model_free.min_token_prob == 0.3
     assert method_config("hybrid-eagle3", eagle_head="heads/eagle").model_method == "eagle3"
+    assert build_drafter(method_config("suffix", max_cached_requests=0), target).cache.max_cached_requests == 0
 
 
 @pytest.mark.parametrize("settings, message", [

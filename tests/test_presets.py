@@ -26,6 +26,7 @@ REPO_CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 # documented reasons why a bundled preset does not build or export in this version
 NOT_EXPORTABLE = {"layer-skip": "method='layer-skip' has no vLLM equivalent",
                   "lookahead": "method='lookahead' has no vLLM equivalent",
+                  "hybrid": "method='hybrid' has no vLLM equivalent",
                   "medusa": "vLLM reads Medusa heads in its own layout"}
 
 
@@ -114,7 +115,8 @@ def test_every_card_builds(name, saved_models, target, tokenizer):
         drafter, verifier = config.build(target, tokenizer)
     assert isinstance(drafter, DRAFTERS[config.method])
     assert (verifier is None) == (config.verification is None)
-    assert drafter.num_draft_tokens == config.resolved("num_draft_tokens")
+    sized = drafter.model_drafter if config.method == "hybrid" else drafter  # a hybrid: its suffix part's depth too
+    assert sized.num_draft_tokens == config.resolved("num_draft_tokens")
 
 
 @pytest.mark.parametrize("name", sorted(bundled_presets()))
@@ -318,9 +320,18 @@ def test_cli_presets_lists_every_bundled_preset_on_one_line(capsys):
             assert f"{results['speedup']:.2f}x" in line and line.endswith(results["hardware"])
 
 def test_draft_alone_over_a_preset_without_a_draft_model_drafts_with_it():
-    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft"])
-    assert args.preset == "demo-prompt-lookup"  # the default preset: prompt lookup, no draft model
+    lookup = ["--preset", "demo-prompt-lookup"]  # prompt lookup, no draft model
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", *lookup])
     config = cli.config_from_args(args)
     assert (config.method, config.draft_model, config.max_ngram_size) == ("draft-model", "org/draft", None)
-    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", "--method", "draft-model-tree"])
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft", "--method", "draft-model-tree",
+                                          *lookup])
     assert cli.config_from_args(args).method == "tree"
+
+
+def test_the_default_preset_is_the_hybrid_and_draft_replaces_its_draft_model():
+    args = cli.build_parser().parse_args(["generate", "x", "--draft", "org/draft"])
+    assert args.preset == "demo-hybrid"  # suffix decoding and the demo draft model, 3 tokens, constant
+    config = cli.config_from_args(args)
+    assert (config.method, config.draft_model, config.num_draft_tokens) == ("hybrid", "org/draft", 3)
+    assert config.num_draft_tokens_schedule == "constant"

@@ -46,6 +46,7 @@ def method_config(
     medusa_head: str | None = None,
     dflash_model: str | None = None,
     max_tree_depth: int | None = None,
+    max_cached_requests: int | None = None,
     max_spec_factor: float | None = None,
     min_token_prob: float | None = None,
     use_tree_spec: bool | None = None,
@@ -57,8 +58,8 @@ def method_config(
 
     - `"prompt-lookup"`: `PromptLookupDrafter(num_draft_tokens, max_ngram_size, prefer)`, a chain.
     - `"prompt-lookup-tree"`: the same with `num_candidates` continuations in one trie (default 4).
-    - `"suffix"`: `SuffixDrafter(num_draft_tokens, max_tree_depth, max_spec_factor, min_token_prob,
-      use_tree_spec)`: suffix decoding, with a memory of earlier calls.
+    - `"suffix"`: `SuffixDrafter(num_draft_tokens, max_tree_depth, max_cached_requests, max_spec_factor,
+      min_token_prob, use_tree_spec)`: suffix decoding, with a memory of earlier calls (`max_cached_requests` rows).
     - `"lookahead"`: `LookaheadDrafter(window_size, ngram_size, verification_set_size)` (`num_draft_tokens` does not
       apply: its drafts are `ngram_size - 1` deep).
     - `"draft-model"`: `DraftModelDrafter(draft_model, num_draft_tokens)`, a chain.
@@ -89,8 +90,8 @@ def method_config(
     lookup = _given(num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size, prefer=prefer)
     tree = _given(depth=num_draft_tokens, top_k=tree_top_k, num_nodes=tree_nodes)  # {}: a DynamicTree's defaults
     native_tree = _given(top_k=tree_top_k, num_nodes=tree_nodes)  # as deep as the MTP layers or the block allow
-    suffix = _given(max_tree_depth=max_tree_depth, max_spec_factor=max_spec_factor, min_token_prob=min_token_prob,
-                    use_tree_spec=use_tree_spec)
+    suffix = _given(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests,
+                    max_spec_factor=max_spec_factor, min_token_prob=min_token_prob, use_tree_spec=use_tree_spec)
     settings = {
         "prompt-lookup": {"method": "prompt-lookup", **lookup},
         "prompt-lookup-tree": {"method": "prompt-lookup", "num_candidates": num_candidates or TREE_NUM_CANDIDATES,

@@ -1,5 +1,6 @@
-"""A model-free drafter and a model drafter together: per step and row, the model-free draft when its match predicts
-more accepted tokens than the model's drafts give, else the model's (Arctic Inference's suffix + speculator)."""
+"""A model-free drafter and a model drafter together: per step and row, the model-free draft when it is expected to
+give more tokens per second than the model's drafts do, else the model's (Arctic Inference's suffix + speculator,
+with the comparison made in tokens per second of each source's measured steps)."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -7,9 +8,13 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ..draft import Draft
+from ..metrics import clock
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 
 SOURCES = ("model_free", "model")
+# the weight, in steps, of the priors of `HybridState.free_accepted_per_score` (its drafts accepted as scored) and of
+# `HybridState.cost_ratio` (both sources' steps alike): a few measured steps of a source take over
+PRIOR_STEPS = 2.0
 
 
 @dataclass
@@ -21,12 +26,20 @@ class HybridState(DraftState):
         model (`DraftState`): the model drafter's state.
         last (`dict[int, str]`): per row, the source of the draft of the step in flight.
         figures (`dict[str, list[int]]`): per source, `[steps, drafted tokens, accepted tokens]` so far.
+        free_scores (`float`): the summed scores of the model-free drafts taken so far.
+        step_seconds (`dict[str, list[float]]`): per source, `[steps timed, seconds]`: a step's seconds run from one
+            `propose` to the next (drafting, the target's forward, verification, the loop), and count for the model
+            when any row of it drafted with the model.
+        step_started (`tuple[str, float]`, *optional*): the source and start time of the step in flight.
     """
 
     model_free: DraftState | None = None
     model: DraftState | None = None
     last: dict = field(default_factory=dict)
     figures: dict = field(default_factory=lambda: {source: [0, 0, 0] for source in SOURCES})
+    free_scores: float = 0.0
+    step_seconds: dict = field(default_factory=lambda: {source: [0, 0.0] for source in SOURCES})
+    step_started: tuple | None = None
 
     def expected_model_accepted(self, budget: int) -> float:
         """Accepted tokens per model draft so far in this call; before the first, the model's draft length (the
@@ -34,16 +47,53 @@ class HybridState(DraftState):
         steps, _, accepted = self.figures["model"]
         return accepted / steps if steps else float(budget)
 
+    def free_accepted_per_score(self) -> float:
+        """Accepted tokens per unit of score of the model-free drafts so far in this call, with a prior of 1 (a
+        draft accepted as its frequency estimate says) weighing `PRIOR_STEPS` drafts of score 1. Under sampling
+        a copied token is accepted with the target's probability of it, well below its frequency estimate."""
+        return (self.figures["model_free"][2] + PRIOR_STEPS) / (self.free_scores + PRIOR_STEPS)
+
+    def cost_ratio(self) -> float:
+        """Seconds of a model-free step over seconds of a model step, measured in this call; 1 (drafting costs
+        nothing beside verification, as on a GPU) until both sources have drafted a step, and pulled towards 1 by
+        a prior of `PRIOR_STEPS` steps of each at the mean step's seconds."""
+        (free_steps, free_seconds), (model_steps, model_seconds) = (self.step_seconds[source] for source in SOURCES)
+        if not free_steps or not model_steps:
+            return 1.0
+        mean = (free_seconds + model_seconds) / (free_steps + model_steps)
+        free = (free_seconds + PRIOR_STEPS * mean) / (free_steps + PRIOR_STEPS)
+        return free / ((model_seconds + PRIOR_STEPS * mean) / (model_steps + PRIOR_STEPS))
+
+    def takes_model_free(self, score: float, budget: int) -> bool:
+        """Whether a model-free draft of `score` is expected to give at least the tokens per second of a model
+        draft: `(1 + score * free_accepted_per_score) / free_cost >= (1 + expected_model_accepted) / model_cost`,
+        each step committing its accepted tokens and one more."""
+        expected = score * self.free_accepted_per_score()
+        return 1.0 + expected >= (1.0 + self.expected_model_accepted(budget)) * self.cost_ratio()
+
+    def time_step(self, source: str, now: float) -> None:
+        """Ends the step in flight (its seconds count for its source) and starts one drafted by `source`."""
+        if self.step_started is not None:
+            started_source, started = self.step_started
+            self.step_seconds[started_source][0] += 1
+            self.step_seconds[started_source][1] += now - started
+        self.step_started = (source, now)
+
 
 class HybridDrafter(Drafter):
     """Suffix decoding where it is confident, a model drafter elsewhere (Arctic Inference's suffix decoding with a
     speculator; Oliaro et al., arXiv 2411.04975, pair SuffixDecoding with EAGLE the same way).
 
     Each step the model-free drafter drafts every row first, with its score: the accepted tokens its frequency
-    estimate expects (`SuffixDrafter.scored_draft`: it grows with the match length). A row takes that draft when the
-    score is at least what the model drafter's drafts have been accepted for in this call (mean accepted tokens per
-    model draft; before the first, the model's draft length, Arctic Inference's threshold; a tie goes to the draft
-    that costs no forward); the other rows take the model's draft. When every
+    estimate expects (`SuffixDrafter.scored_draft`: it grows with the match length). A row takes that draft when it
+    is expected to commit at least as many tokens per second as a model draft (`HybridState.takes_model_free`):
+    `(1 + score * a) / c_free >= (1 + m) / c_model`, with `m` the mean accepted tokens per model draft in this call
+    (before the first, the model's draft length), `a` the model-free drafts' accepted tokens per unit of score in
+    this call (prior 1; under sampling far below 1: a copied token is accepted with the target's probability of it)
+    and `c_free / c_model` the measured seconds of a model-free step over a model step (prior 1). With both priors
+    this is Arctic Inference's threshold (score >= m; a tie goes to the draft that costs no forward); on a CPU,
+    where a model draft costs a large part of a target forward, the model-free draft is taken at lower scores.
+    The other rows take the model's draft. When every
     row takes the model-free draft the model drafter is not run that step (it catches up with the committed tokens
     at its next call, as after any step). If the model drafter asks to resume the target's forward from its exit
     layer (layer skip), every row takes its draft that step. The target's features, when the model drafter reads
@@ -87,11 +137,12 @@ class HybridDrafter(Drafter):
 
     def propose(self, state: HybridState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
                 rows: Sequence[int]) -> list[Draft]:
+        now = clock(input_ids[0].device)
         free_budgets = [min(budget, self.model_free.num_draft_tokens) for budget in max_tokens]
         model_budgets = [min(budget, self.model_drafter.num_draft_tokens) for budget in max_tokens]
         scored = [self.model_free.scored_draft(state.model_free, ids, budget, row) if budget > 0 else None
                   for ids, budget, row in zip(input_ids, free_budgets, rows)]
-        use_free = [draft is not None and draft.token_ids and draft.score >= state.expected_model_accepted(budget)
+        use_free = [draft is not None and draft.token_ids and state.takes_model_free(draft.score, budget)
                     for draft, budget in zip(scored, model_budgets)]
         model_drafts = [None] * len(rows)
         if not all(use_free):
@@ -99,6 +150,8 @@ class HybridDrafter(Drafter):
             state.resume, state.model.resume = state.model.resume, None
             if state.resume is not None:  # the target resumes from the model's draft forward: its drafts only
                 use_free = [False] * len(rows)
+        state.time_step(SOURCES[0] if all(use_free) else SOURCES[1], now)
+        state.free_scores += sum(draft.score for draft, free in zip(scored, use_free) if free)
         drafts = []
         for ids, row, free, free_draft, model_draft in zip(input_ids, rows, use_free, scored, model_drafts):
             draft = (Draft.from_lists(free_draft.token_ids, free_draft.parent_ids, device=ids.device) if free

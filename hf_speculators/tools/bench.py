@@ -382,6 +382,16 @@ def _variants(method: str, num_draft_tokens: int, schedule: str | None, variants
     return [(variant_label(method, k, check_schedule(name)), k, name) for k, name in variants]
 
 
+def _baseline_variants(method: str, num_draft_tokens: int, variants) -> list[tuple[str, int]]:
+    """`(label, num_draft_tokens)` of each run of transformers' `method`: one per constant variant (transformers'
+    methods run pinned to a constant length, so a schedule variant has no counterpart there), else the method itself
+    with `num_draft_tokens`."""
+    constant = [k for k, schedule in variants or () if check_schedule(schedule) == "constant"]
+    if not constant:
+        return [(method, num_draft_tokens)]
+    return [(variant_label(method, k, "constant"), k) for k in constant]
+
+
 @contextmanager
 def _pinned_assistant_config(draft, num_draft_tokens: int, confidence_threshold: float = 0.0):
     """Pins transformers' assisted generation to `num_draft_tokens` per step, constant, and the confidence cut-off
@@ -740,8 +750,8 @@ def named_methods(
     Args:
         names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
-            then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); the baselines keep
-            `num_draft_tokens`.
+            then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
+            once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
         verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
@@ -774,8 +784,9 @@ def named_methods(
     chosen = {}
     for method in (m for m in METHODS if m in names and m != "plain"):
         if method in TRANSFORMERS_METHODS:
-            config = _transformers_config(method, num_draft_tokens, max_ngram_size, draft_model, options)
-            chosen[method] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
+            for label, k in _baseline_variants(method, num_draft_tokens, variants):
+                config = _transformers_config(method, k, max_ngram_size, draft_model, options)
+                chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
             continue
         for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
             config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,

@@ -40,7 +40,7 @@ from .sweep import (
 from ..config.vllm_export import vllm_commands
 from ..verifiers import VERIFIERS
 
-DEFAULT_PRESET = "demo-prompt-lookup"  # the fastest lossless demo preset (docs/benchmarks/default_job.md)
+DEFAULT_PRESET = "demo-hybrid"  # the fastest lossless demo preset, greedy and sampling (docs/benchmarks/model_free.md)
 DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 DEFAULT_HEADS = {"eagle_head": DEMO_EAGLE3, "medusa_head": DEMO_MEDUSA}  # the head checkpoints of the demo target
 DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
@@ -179,6 +179,8 @@ def _add_tree_options(parser: argparse.ArgumentParser) -> None:
 def _add_model_free_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tree-depth", type=POSITIVE_INT, default=None,
                         help="suffix, hybrid: the most tokens of a match and its draft together (default 24)")
+    parser.add_argument("--max-cached-requests", type=NON_NEGATIVE_INT, default=None,
+                        help="suffix, hybrid: earlier outputs the drafter remembers across calls (default 1000; 0: none)")
     parser.add_argument("--max-spec-factor", type=NON_NEGATIVE_FLOAT, default=None,
                         help="suffix, hybrid: draft tokens allowed per matched token (default 1.0)")
     parser.add_argument("--min-token-prob", type=UNIT_INTERVAL, default=None,
@@ -255,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_schedule_option(bench, "constant")
     bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
                        help="run each of our methods once per item, side by side: K draft tokens every step, or "
-                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6)")
+                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6); transformers' methods run once per K")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
@@ -347,8 +349,8 @@ def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
              "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
-             "dflash_model", "max_tree_depth", "max_spec_factor", "min_token_prob", "window_size", "ngram_size",
-             "verification_set_size")
+             "dflash_model", "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob",
+             "window_size", "ngram_size", "verification_set_size")
     return {name: getattr(args, name, None) for name in names}
 
 
@@ -388,6 +390,7 @@ def config_from_args(args) -> SpeculativeConfig:
                   "draft_model": args.draft, "exit_layer": args.exit_layer, "num_candidates": args.num_candidates,
                   "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
                   "draft_vocab_size": args.draft_vocab_size, "max_tree_depth": args.max_tree_depth,
+                  "max_cached_requests": args.max_cached_requests,
                   "max_spec_factor": args.max_spec_factor, "min_token_prob": args.min_token_prob,
                   "window_size": args.window_size, "ngram_size": args.ngram_size,
                   "verification_set_size": args.verification_set_size}
