@@ -3,6 +3,7 @@ speculative config, a quiet run, the presets table and export, and the benchmark
 
 import copy
 import gc
+import gzip
 import json
 import logging
 import shlex
@@ -389,6 +390,9 @@ def test_bench_plot_and_plot_draw_the_records(saved, tmp_path, capsys):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"plot: {second}" in capsys.readouterr().out
     assert len(read_records(records)) == 2 * 3  # two prompts, plain and two methods
+    packed = tmp_path / "records.jsonl.gz"
+    packed.write_bytes(gzip.compress(records.read_bytes()))
+    assert read_records(packed) == read_records(records)  # records kept gzip-compressed read the same
 
 
 def test_plot_benchmark_takes_records_in_memory(tmp_path):

@@ -1,6 +1,7 @@
 """Figures of benchmark runs: speedup and mean acceptance length per method and category, drawn from the JSONL
 records that `run_benchmark` writes, so that a saved run can be plotted again later (`hf-speculators plot`)."""
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -29,7 +30,8 @@ def pyplot():
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """The records of a benchmark run, one per (prompt, method), from its JSONL file (`hf-speculators bench --out`).
+    """The records of a benchmark run, one per (prompt, method), from its JSONL file (`hf-speculators bench --out`),
+    or that file gzip-compressed (a name ending in `.gz`).
 
     Raises:
         `FileNotFoundError`: a file that does not exist.
@@ -40,7 +42,8 @@ def read_records(path: str | Path) -> list[dict]:
         raise FileNotFoundError(f"Records file {path} not found: pass the JSONL file of a run (hf-speculators bench "
                                 "--out FILE).")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
