@@ -100,6 +100,13 @@ class VocabularyMap:
         self.to_draft_ids = torch.full((target_width,), -1, dtype=torch.long)
         self.to_draft_ids[self.target_ids] = self.draft_ids
         self.target_width = target_width
+        self._copies = {}  # device -> the three index tensors there, copied once
+
+    def _on(self, device) -> tuple[torch.LongTensor, torch.LongTensor, torch.LongTensor]:
+        """`(draft_ids, target_ids, to_draft_ids)` on `device`."""
+        if device not in self._copies:
+            self._copies[device] = tuple(ids.to(device) for ids in (self.draft_ids, self.target_ids, self.to_draft_ids))
+        return self._copies[device]
 
     def __len__(self) -> int:
         return len(self.draft_ids)
@@ -108,8 +115,8 @@ class VocabularyMap:
         """Draft logits `(..., draft_width)` as target logits `(..., target_width)`: each intersection token's logit
         at its target id, the lowest logit elsewhere (probability 0 after a softmax: the draft distribution is
         renormalised over the intersection)."""
-        ids = self.draft_ids.to(draft_logits.device)
-        return widen_logits(draft_logits[..., ids], self.target_ids.to(draft_logits.device), self.target_width)
+        draft_ids, target_ids, _ = self._on(draft_logits.device)
+        return widen_logits(draft_logits[..., draft_ids], target_ids, self.target_width)
 
     def to_draft(self, target_ids: torch.LongTensor) -> torch.LongTensor:
         """The draft ids of intersection target ids `(n,)`.
@@ -117,7 +124,7 @@ class VocabularyMap:
         Raises:
             `ValueError`: a target id outside the intersection (a bug: a TLI draft samples only inside it).
         """
-        draft_ids = self.to_draft_ids.to(target_ids.device)[target_ids]
+        draft_ids = self._on(target_ids.device)[2][target_ids]
         if bool((draft_ids < 0).any()):
             raise ValueError(f"Target tokens {target_ids.tolist()} are not all in the vocabularies' intersection.")
         return draft_ids

@@ -73,6 +73,12 @@ def _hybrid(config, target, target_tokenizer, loaded: dict) -> Drafter:
 
 def _mtp(config, target) -> Drafter:
     """The `MTPDrafter` of the MTP layers stored beside `target`'s checkpoint."""
+    if config.draft_model is not None:  # a vllm-project/speculators MTP checkpoint, which vLLM runs
+        raise ValueError(
+            "method='mtp' with a draft_model cannot be built by this version of hf_speculators: MTPDrafter drafts "
+            "with the target's own MTP layers. A speculators MTP checkpoint runs in vLLM: "
+            "speculative_config=config.to_vllm()."
+        )
     if target is None:
         raise ValueError("method='mtp' drafts with the target's own MTP layers: pass the target model.")
     return DRAFTERS["mtp"].from_target(target, num_draft_tokens=config.num_draft_tokens, tree=config.tree)
@@ -103,18 +109,18 @@ def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
         `FileNotFoundError`: a local `draft_model` or `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
-    if config.method not in DRAFTERS or (config.method == "mtp" and config.draft_model is not None):
+    if config.method not in DRAFTERS:
         hint = (
             " It is a vllm-project/speculators drafter type: vLLM runs it with speculative_config=config.to_vllm()."
             if config.method in SPECULATORS_TYPES else ""
         )
         raise ValueError(
-            f"method={config.method!r}{' with a draft_model' if config.method in DRAFTERS else ''} cannot be built "
-            f"by this version of hf_speculators: the drafters available are {sorted(DRAFTERS)}.{hint}"
+            f"method={config.method!r} cannot be built by this version of hf_speculators: the drafters available are "
+            f"{sorted(DRAFTERS)}.{hint}"
         )
     if config.method == "hybrid":
         return _hybrid(config, target, target_tokenizer, loaded)
-    if config.method == "mtp" and config.draft_model is None:
+    if config.method == "mtp":
         return _mtp(config, target)
     drafter_class = DRAFTERS[config.method]
     from_checkpoint = hasattr(drafter_class, "from_pretrained")

@@ -8,7 +8,7 @@ from ..cache import RaggedCache, check_batch_support, prepare_cache
 from ..draft import Draft
 from ..quantization import quantized_copy
 from ..query import Query, forward
-from ..translation import TokenizerBridge, same_vocabulary
+from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
 
 
@@ -277,8 +277,6 @@ class DraftModelDrafter(Drafter):
         prefixes = list(input_ids)  # what the logits processors see: target tokens, the drafted ones appended
         fed = [ids[None] for ids in committed]  # what the draft cache sees: the draft's tokens
         tokens, probs = [[] for _ in prefixes], [[] for _ in prefixes]
-        every_row = torch.ones(len(prefixes), 1, dtype=torch.bool)
-        one_slot = Query.chain(every_row, every_row).offsets  # the offsets of a query of one slot per row
         # 2. one forward per draft token for the rows whose budget asks for another
         for step in range(max(budgets)):
             drafting = [i for i, budget in enumerate(budgets) if step < budget]
@@ -293,8 +291,7 @@ class DraftModelDrafter(Drafter):
             feeding = [step + 1 < budget for budget in budgets]
             if any(feeding):
                 last = torch.stack([ids[0, -1] for ids in fed])[:, None]
-                valid = every_row if all(feeding) else torch.tensor(feeding)[:, None]
-                query = Query(last, valid, one_slot, None, [int(feeding_row) for feeding_row in feeding])
+                query = Query.chain(last, torch.tensor(feeding)[:, None])
                 logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
         state.cached_ids = [ids[0, :length] for ids, length in zip(fed, state.draft_cache.lengths.tolist())]
@@ -311,8 +308,8 @@ class DraftModelDrafter(Drafter):
         level exact matching after its committed tokens `input_ids` `(1, length)`."""
         if not draft_tokens:
             return Draft.empty(input_ids.device)
-        target_ids = state.bridge.to_target(input_ids[0].tolist(), draft_context.tolist(),
-                                            torch.stack(draft_tokens).tolist())[:budget]
+        committed, context = input_ids[0, -LOOKBEHIND:].tolist(), draft_context[-DRAFT_ANCHOR:].tolist()  # all it reads
+        target_ids = state.bridge.to_target(committed, context, torch.stack(draft_tokens).tolist())[:budget]
         return Draft.chain(torch.tensor(target_ids, dtype=torch.long, device=input_ids.device))
 
     def __repr__(self) -> str:
