@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM, MellumConfig, MellumForCausalLM, MuseGlimmerAssistantConfig
+from transformers import MellumConfig, MellumForCausalLM, MuseGlimmerAssistantConfig
 from transformers import MuseGlimmerAssistantModel
 from transformers.modeling_layers import MtpModel
 
-from hf_speculators.loading import DEMO_TARGET, load_tokenizer, resolve_model_id
+from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
 from hf_speculators.training.native import distill_dflash, distill_mtp
 
@@ -124,8 +124,8 @@ def main() -> None:
     torch.set_num_threads(1)
     corpus = args.data / "tinyshakespeare_input.txt"
     train_texts, prompts = shakespeare_lines(corpus, 24), shakespeare_lines(corpus, args.prompts, skip=200)
-    tokenizer = load_tokenizer(resolve_model_id(DEMO_TARGET))
-    demo = LlamaForCausalLM.from_pretrained(resolve_model_id(DEMO_TARGET), dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(DEMO_TARGET)
+    demo = load_model(DEMO_TARGET)
     mtp_folder, dflash_folder = args.work / "mtp-target", args.work / "dflash"
     if not (mtp_folder / "model.safetensors").exists():
         build_mtp_target(mtp_folder, tokenizer, corpus.read_text(), train_texts, args.target_steps, args.steps)

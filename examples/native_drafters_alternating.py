@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM, MellumForCausalLM, MuseGlimmerAssistantModel
+from transformers import MellumForCausalLM, MuseGlimmerAssistantModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_native_drafters import shakespeare_lines  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
-from hf_speculators.loading import DEMO_TARGET, load_tokenizer, resolve_model_id  # noqa: E402
+from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer  # noqa: E402
 
 
 def main() -> None:
@@ -31,12 +31,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer = load_tokenizer(resolve_model_id(DEMO_TARGET))
+    tokenizer = load_tokenizer(DEMO_TARGET)
     if args.method == "mtp":
         target = MellumForCausalLM.from_pretrained(args.work / "mtp-target", dtype=torch.float32).eval()
         drafter, theirs_kwargs = hs.MTPDrafter.from_target(target), {"use_mtp": True}
     else:
-        target = LlamaForCausalLM.from_pretrained(resolve_model_id(DEMO_TARGET), dtype=torch.float32).eval()
+        target = load_model(DEMO_TARGET)
         model = MuseGlimmerAssistantModel.from_pretrained(args.work / "dflash").eval()
         drafter, theirs_kwargs = hs.DFlashDrafter(model), {"assistant_model": model, "speculation_type": "dflash"}
     runs = {"ours": {"custom_generate": hs.generate, "candidate_generator": drafter}, "theirs": theirs_kwargs}

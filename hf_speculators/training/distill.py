@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..loading import resolve_model_id
+from ..loading import load_model
 from .target_features import TargetFeatures, next_token_weights
 
 DIVERGENCES = ("fkl", "tv")
@@ -46,7 +46,7 @@ def load_draft(draft: str, target, target_tokenizer, draft_tokenizer=None):
     if path.is_file() or (path.is_dir() and not has_weights):  # a config: a new model
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_id(draft), dtype=torch.float32)
+        model = load_model(draft).train()  # float32 on the CPU
     target_vocab = target.get_output_embeddings().weight.shape[0]
     draft_vocab = model.get_output_embeddings().weight.shape[0]
     if draft_vocab != target_vocab:
