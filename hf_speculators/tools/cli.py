@@ -6,6 +6,7 @@ command of one."""
 import argparse
 import sys
 import traceback
+from dataclasses import fields
 
 import torch
 from transformers import TextStreamer
@@ -386,14 +387,9 @@ def config_from_args(args) -> SpeculativeConfig:
         "min_ngram_size": args.min_ngram_size, "num_draft_tokens_schedule": args.num_draft_tokens_schedule,
     }
     if method is None:  # the drafter flags apply to the preset's own method
-        flags |= {"num_draft_tokens": args.num_draft_tokens, "max_ngram_size": args.max_ngram_size,
-                  "draft_model": args.draft, "exit_layer": args.exit_layer, "num_candidates": args.num_candidates,
-                  "confidence_threshold": args.confidence_threshold, "draft_vocab": args.draft_vocab,
-                  "draft_vocab_size": args.draft_vocab_size, "max_tree_depth": args.max_tree_depth,
-                  "max_cached_requests": args.max_cached_requests,
-                  "max_spec_factor": args.max_spec_factor, "min_token_prob": args.min_token_prob,
-                  "window_size": args.window_size, "ngram_size": args.ngram_size,
-                  "verification_set_size": args.verification_set_size}
+        config_fields = {f.name for f in fields(SpeculativeConfig)}
+        flags |= {name: value for name, value in _method_options(args).items() if name in config_fields}
+        flags["draft_model"] = args.draft
         tree = {key: value for key, value in (("top_k", args.tree_top_k), ("num_nodes", args.tree_nodes))
                 if value is not None}
         flags["tree"] = {**(config.tree or {}), **tree} if tree else None
@@ -445,7 +441,7 @@ def run_generate(args) -> int:
         out, seconds = _timed_generate(target, inputs, **common, **speculative, streamer=streamer)
     except KeyboardInterrupt:
         streamer.end()  # prints the text it holds back until a word ends
-        print(f"\nhf-speculators generate: interrupted; the text above is what was generated.", file=sys.stderr)
+        print("\nhf-speculators generate: interrupted; the text above is what was generated.", file=sys.stderr)
         return INTERRUPTED
     torch.manual_seed(args.seed)
     plain, plain_seconds = _timed_generate(target, inputs, **common)
