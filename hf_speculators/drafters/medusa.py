@@ -14,7 +14,7 @@ from ..heads.medusa_formats import read_medusa_heads
 from .base import DraftState, StepFeedback, TargetNeeds
 from .draft_model import vocabulary_size
 from .head import HeadDrafter
-from .tree import DynamicTree, StaticTree, grow_trees, tree_shape
+from .tree import DynamicTree, StaticTree, position_trees, tree_shape
 
 # Medusa's default tree, `mc_sim_7b_63` in FasterDecoding/Medusa `medusa/model/medusa_choices.py` (@e2a5d20):
 # 63 paths of child ranks, depth <= 4, found by simulating acceptance with Vicuna-7B's heads (Cai et al. 2024,
@@ -184,22 +184,12 @@ class MedusaDrafter(HeadDrafter):
         if self.tree is None:
             ready_drafts = self.draft_chains(state, ready_ids, logits[0], budgets, lambda step, *_: logits[step + 1])
         else:
-            ready_drafts = self._trees(state, ready_ids, logits, budgets)
+            # the heads read no draft token: depth d's children come from head d's logits, whatever the parent
+            ready_drafts = position_trees(self.tree, ready_ids, state.logits_processor, list(logits.transpose(0, 1)),
+                                          budgets)
         for i, draft in zip(ready, ready_drafts):
             drafts[i] = draft
         return drafts
-
-    def _trees(self, state: MedusaState, input_ids, logits: torch.FloatTensor, budgets: list[int]) -> list[Draft]:
-        """Each row's tree, the children at depth d taken from head d's processed scores: the heads read no draft
-        token, so the "forward" over a frontier gives every node of it the next head's logits."""
-        deeper = iter(logits[1:])
-
-        def forward(feeds: list) -> list:
-            depth_logits = next(deeper)  # [rows, vocab]
-            return [None if feed is None else depth_logits[i].expand(len(feed[1]), -1) for i, feed in enumerate(feeds)]
-
-        nodes = grow_trees(self.tree, input_ids, state.logits_processor, logits[0], budgets, forward)
-        return [row_nodes.draft(self.tree.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
 
     def __repr__(self) -> str:
         return (f"MedusaDrafter(num_heads={self.heads.num_heads}, num_draft_tokens={self.num_draft_tokens}, "
