@@ -231,10 +231,7 @@ class EagleDrafter(HeadDrafter):
         token_ids = torch.nn.utils.rnn.pad_sequence(
             [ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)], batch_first=True)
         width, dtype = features.shape[1], state.head.fc.weight.dtype
-        valid = torch.ones(len(num_new), width, dtype=torch.bool)  # each row's new pairs first, then holes
-        for i, count in enumerate(num_new):
-            if count < width:
-                valid[i, count:] = False
+        valid = torch.arange(width)[None] < torch.tensor(num_new)[:, None]  # each row's new pairs first, then holes
         # a call of one row never leaves a hole in the head's cache: a causal mask (none for one query) serves
         one_row = state.batch_size == 1
         if one_row:
@@ -243,7 +240,7 @@ class EagleDrafter(HeadDrafter):
             mask = cache.additive_mask(valid, dtype)
         position_ids = cache.lengths[:, None] + torch.arange(width)
         feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask)
-        cache.append(valid)
+        cache.append(valid, gather=False)  # each row's new pairs are the first of its query
         if min(num_new) == width:  # every row's last pair is the last slot
             feedback, logits = feedback[:, -1], logits[:, -1]  # [batch, H], [batch, vocab]
         else:
