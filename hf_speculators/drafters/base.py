@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -108,6 +109,12 @@ class DraftState:
     @property
     def do_sample(self) -> bool:
         return bool(self.generation_config.do_sample)
+
+    @cached_property
+    def eos_token_ids(self) -> set[int]:
+        """The call's EOS token ids (`generation_config.eos_token_id`, one or several), where a draft should end."""
+        eos = self.generation_config.eos_token_id
+        return set([eos] if isinstance(eos, int) else (eos or []))
 
     def draft_tokens(self, prefixes: Sequence[torch.LongTensor], logits: torch.FloatTensor,
                      with_probs: bool = False) -> tuple[torch.LongTensor, torch.FloatTensor | None]:

@@ -74,10 +74,9 @@ class NgramIndex:
 
 @dataclass
 class PromptLookupState(DraftState):
-    """A call's n-gram index per row (keyed by the row's index in the batch) and its EOS token ids."""
+    """A call's n-gram index per row (keyed by the row's index in the batch)."""
 
     indexes: dict = field(default_factory=dict)
-    eos_token_ids: set = field(default_factory=set)
 
 
 def _cut_after_eos(continuation: list[int], eos_token_ids: set[int]) -> list[int]:
@@ -140,10 +139,6 @@ class PromptLookupDrafter(Drafter):
     @property
     def drafts_trees(self) -> bool:
         return self.num_candidates > 1
-
-    def start(self, state: PromptLookupState) -> None:
-        eos = state.generation_config.eos_token_id
-        state.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
 
     def draft_row(self, state: PromptLookupState, input_ids: torch.LongTensor, max_tokens: int, row: int) -> Draft:
         index = state.indexes.get(row)

@@ -197,11 +197,9 @@ def speculate(occurrences_of, context: list[int], max_tokens: int, max_tree_dept
 
 @dataclass
 class SuffixState(DraftState):
-    """A call's n-gram index per row over its prompt and output (keyed by the row's index in the batch), the EOS
-    token ids."""
+    """A call's n-gram index per row over its prompt and output (keyed by the row's index in the batch)."""
 
     indexes: dict = field(default_factory=dict)
-    eos_token_ids: set = field(default_factory=set)
 
 
 class SuffixDrafter(Drafter):
@@ -267,10 +265,6 @@ class SuffixDrafter(Drafter):
     @property
     def drafts_trees(self) -> bool:
         return self.use_tree_spec
-
-    def start(self, state: SuffixState) -> None:
-        eos = state.generation_config.eos_token_id
-        state.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
 
     def scored_draft(self, state: SuffixState, input_ids: torch.LongTensor, max_tokens: int, row: int) -> SuffixDraft:
         """Row `row`'s best draft after `input_ids` `(1, sequence_length)`, at most `max_tokens` deep, with its
