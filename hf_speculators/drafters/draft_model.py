@@ -275,7 +275,8 @@ class DraftModelDrafter(Drafter):
         budgets = ([state.bridge.draft_length(budget, state.draft_per_target) if budget else 0
                     for budget in max_tokens] if state.translates_text else max_tokens)
         prefixes = list(input_ids)  # what the logits processors see: target tokens, the drafted ones appended
-        fed = [ids[None] for ids in committed]  # what the draft cache sees: the draft's tokens
+        fed = [[] for _ in committed]  # the draft tokens fed to the draft cache after each row's committed ones
+        last = [ids[-1:] for ids in committed]  # each row's newest token in the draft's vocabulary, `(1,)`
         tokens, probs = [[] for _ in prefixes], [[] for _ in prefixes]
         # 2. one forward per draft token for the rows whose budget asks for another
         for step in range(max(budgets)):
@@ -287,14 +288,15 @@ class DraftModelDrafter(Drafter):
                 tokens[i].append(new[j])
                 probs[i].append(None if new_probs is None else new_probs[j])
                 prefixes[i] = torch.cat([prefixes[i], new[j].view(1, 1)], dim=-1)
-                fed[i] = torch.cat([fed[i], new_fed[j].view(1, 1).to(state.draft_device)], dim=-1)
+                fed[i].append(new_fed[j].view(1).to(state.draft_device))
+                last[i] = fed[i][-1]
             feeding = [step + 1 < budget for budget in budgets]
             if any(feeding):
-                last = torch.stack([ids[0, -1] for ids in fed])[:, None]
-                query = Query.chain(last, torch.tensor(feeding)[:, None])
+                query = Query.chain(torch.stack(last), torch.tensor(feeding)[:, None])
                 logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
-        state.cached_ids = [ids[0, :length] for ids, length in zip(fed, state.draft_cache.lengths.tolist())]
+        state.cached_ids = [torch.cat([ids, *row_fed])[:length]
+                            for ids, row_fed, length in zip(committed, fed, state.draft_cache.lengths.tolist())]
         if state.translates_text:
             return [self._translated(state, ids, context, row_tokens, budget)
                     for ids, context, row_tokens, budget in zip(input_ids, committed, tokens, max_tokens)]
