@@ -32,7 +32,7 @@ def test_every_token_gets_the_logits_of_its_virtual_sequence(zoo, arch, settings
     model, drafter = zoo.target(arch), hs.LookaheadDrafter(*settings)
     committed = list(PROMPTS["random"])
     state = started(drafter, model)
-    row = drafter._row(state, committed, 0)
+    row = drafter._row(state, torch.tensor(committed), 0)
     row.levels = [[(11 * j + 7 * i) % 90 for i in range(window_size)] for j in range(ngram_size - 1)]
     for ngram in ([1, 2, 3, 4], [1, 2, 5, 6], [1, 9, 9, 9]):  # shared prefixes: a tree
         drafter._add(row, (committed[-1], *ngram[: ngram_size - 1]))
@@ -54,7 +54,7 @@ def test_every_token_gets_the_logits_of_its_virtual_sequence(zoo, arch, settings
 def test_pool_is_keyed_by_first_token_bounded_deduplicated_and_seeded_from_the_text():
     drafter = hs.LookaheadDrafter(window_size=2, ngram_size=3, verification_set_size=2)
     state = started(drafter)
-    row = drafter._row(state, [5, 6, 7, 5, 6, 8, 5, 6, 7], 0)  # the text's 3-grams
+    row = drafter._row(state, torch.tensor([5, 6, 7, 5, 6, 8, 5, 6, 7]), 0)  # the text's 3-grams
     assert row.pool == {5: [(6, 7), (6, 8)], 6: [(7, 5), (8, 5)], 7: [(5, 6)], 8: [(5, 6)]}  # (5, 6, 7) once
     drafter._add(row, (5, 9, 9))
     assert row.pool[5] == [(6, 8), (9, 9)]  # the oldest evicted beyond G = 2

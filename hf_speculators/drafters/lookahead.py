@@ -103,14 +103,17 @@ class LookaheadDrafter(Drafter):
             if len(continuations) > self.verification_set_size:
                 continuations.pop(0)
 
-    def _row(self, state: LookaheadState, tokens: list[int], row: int) -> LookaheadRow:
-        """Row `row`'s state, made on its first step, with the n-grams of its committed `tokens` added to the pool."""
+    def _row(self, state: LookaheadState, tokens: torch.LongTensor, row: int) -> LookaheadRow:
+        """Row `row`'s state, made on its first step, with the n-grams of its committed `tokens` `(sequence_length,)`
+        not indexed yet added to the pool (only those are read back from the device)."""
         if row not in state.rows:
-            first_level = [tokens[(len(tokens) - self.window_size + i) % len(tokens)] for i in range(self.window_size)]
+            last = tokens[-self.window_size :].tolist()
+            first_level = [last[(len(last) - self.window_size + i) % len(last)] for i in range(self.window_size)]
             state.rows[row] = LookaheadRow(levels=[first_level])
         lookahead = state.rows[row]
-        for start in range(lookahead.num_indexed, len(tokens) - self.ngram_size + 1):
-            self._add(lookahead, tuple(tokens[start : start + self.ngram_size]))
+        new = tokens[lookahead.num_indexed :].tolist()
+        for start in range(len(new) - self.ngram_size + 1):
+            self._add(lookahead, tuple(new[start : start + self.ngram_size]))
         lookahead.num_indexed = max(lookahead.num_indexed, len(tokens) - self.ngram_size + 1)
         return lookahead
 
@@ -120,13 +123,12 @@ class LookaheadDrafter(Drafter):
         return limit is None or num_tokens - 1 + self.window_size + num_levels - 1 < limit
 
     def draft_row(self, state: LookaheadState, input_ids: torch.LongTensor, max_tokens: int, row: int) -> Draft:
-        tokens = input_ids[0].tolist()
-        lookahead = self._row(state, tokens, row)
+        lookahead = self._row(state, input_ids[0], row)
         depth = min(self.ngram_size - 1, max_tokens)
-        candidates = [ngram[:depth] for ngram in reversed(lookahead.pool.get(tokens[-1], []))]  # newest first
+        candidates = [ngram[:depth] for ngram in reversed(lookahead.pool.get(int(input_ids[0, -1]), []))]  # newest first
         draft = Draft.from_lists(*trie_from_sequences(candidates), device=input_ids.device)
         num_levels = len(lookahead.levels)
-        if not self._fits(state, len(tokens), num_levels):
+        if not self._fits(state, input_ids.shape[1], num_levels):
             return draft
         num_nodes, num_extra = draft.num_nodes, num_levels * self.window_size
         visible = torch.zeros(num_extra, 1 + num_nodes + num_extra, dtype=torch.bool)
