@@ -302,8 +302,7 @@ class EagleDrafter(HeadDrafter):
                     fed_back[i].update({node: outputs[i, j] for j, node in enumerate(feed[1])})
             return [None if feed is None else node_logits[i, : len(feed[1])] for i, feed in enumerate(feeds)]
 
-        nodes = grow_trees(self.tree, input_ids, state.logits_processor, logits, budgets, forward)
-        return [row_nodes.draft(self.tree.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
+        return grow_trees(self.tree, input_ids, state.logits_processor, logits, budgets, forward)
 
     def __repr__(self) -> str:
         return f"EagleDrafter({type(self.head).__name__}, {self.shape_repr()})"

@@ -1,6 +1,6 @@
 """Token-tree drafting with a draft model: a static tree of child ranks (Medusa) or a dynamic tree (EAGLE-2)."""
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -156,7 +156,7 @@ def tree_shape(tree) -> "StaticTree | DynamicTree":
 
 
 def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
-               root_logits: torch.FloatTensor, max_tokens: Sequence[int], forward) -> list[DraftNodes]:
+               root_logits: torch.FloatTensor, max_tokens: Sequence[int], forward) -> list[Draft]:
     """Drafts one token tree per row, depth by depth and in step: the expansion loop of every tree drafter.
 
     At each depth every row's frontier gets its children from its processed draft scores (`shape.expand`); the
@@ -178,7 +178,7 @@ def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.Long
             vocab_size)` (anything for the others).
 
     Returns:
-        `list[DraftNodes]`: every node drafted, per row; `shape.select(nodes)` keeps the draft's.
+        `list[Draft]`: each row's tree, the nodes `shape.select` keeps of every node drafted, on its row's device.
     """
     num_rows = len(input_ids)
     nodes, fed = [DraftNodes() for _ in range(num_rows)], [[] for _ in range(num_rows)]
@@ -208,7 +208,7 @@ def grow_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.Long
         fed_logits = forward(feeds)
         for row in growing:
             logits[row] = fed_logits[row]
-    return nodes
+    return [row_nodes.draft(shape.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
 
 
 def position_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.LongTensor], logits_processor,
@@ -241,8 +241,7 @@ def position_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.
 
     root_logits = torch.stack([logits[0] if len(logits) else logits.new_zeros(vocab_size)
                                for logits in position_logits])
-    nodes = grow_trees(shape, input_ids, logits_processor, root_logits, budgets, forward)
-    return [row_nodes.draft(shape.select(row_nodes), ids.device) for row_nodes, ids in zip(nodes, input_ids)]
+    return grow_trees(shape, input_ids, logits_processor, root_logits, budgets, forward)
 
 
 class TreeDrafter(DraftModelDrafter):
@@ -345,12 +344,11 @@ class TreeDrafter(DraftModelDrafter):
         # 2. expand depth by depth, one draft forward per depth for all rows; no compaction while slots are tracked
         max_holes, cache.max_holes = cache.max_holes, float("inf")
         try:
-            trees = grow_trees(self.tree, input_ids, state.logits_processor, root_logits, max_tokens, forward)
+            return grow_trees(self.tree, input_ids, state.logits_processor, root_logits, max_tokens, forward)
         finally:
             # 3. drop the nodes from the draft cache: it holds the committed tokens, as after DraftModelDrafter's feed
             cache.max_holes = max_holes
             cache.truncate(committed)
-        return [nodes.draft(self.tree.select(nodes), device) for nodes in trees]
 
     def __repr__(self) -> str:
         return f"TreeDrafter({type(self.draft_model).__name__}, tree={self.tree!r})"
