@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hf_speculators.tools import cli
-from hf_speculators.tools.plots import read_records
+from hf_speculators.tools.bench import read_records
 from hf_speculators.tools.report import markdown_report
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"

@@ -31,7 +31,8 @@ from hf_speculators.tools.bench import BenchSettings, run_benchmark  # noqa: E40
 from hf_speculators.tools.chat import encode_prompt, use_chat_template  # noqa: E402
 from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
-from hf_speculators.tools.plots import plot_benchmark, read_records  # noqa: E402
+from hf_speculators.tools.bench import read_records  # noqa: E402
+from hf_speculators.tools.plots import plot_benchmark  # noqa: E402
 from hf_speculators.config.presets import bundled_presets, card_results  # noqa: E402
 from hf_speculators.tools.quiet import quiet_third_party  # noqa: E402
 from hf_speculators.config.vllm_export import to_vllm_with_notes  # noqa: E402

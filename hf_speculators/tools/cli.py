@@ -21,12 +21,12 @@ from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_to
 from ..metrics import clock
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
-from .bench import BenchSettings, load_prompts, named_methods, run_benchmark
+from .bench import BenchSettings, load_prompts, named_methods, read_records, run_benchmark
 from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .bench import DRAFT_MODEL_METHODS
 from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
-from .plots import plot_benchmark, pyplot, read_records
+from .plots import plot_benchmark, pyplot
 from .quiet import quiet_third_party
 from .report import markdown_report
 from ..training.cli import add_training_commands

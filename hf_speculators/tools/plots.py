@@ -1,8 +1,6 @@
 """Figures of benchmark runs: speedup and mean acceptance length per method and category, drawn from the JSONL
 records that `run_benchmark` writes, so that a saved run can be plotted again later (`hf-speculators plot`)."""
 
-import gzip
-import json
 import math
 from pathlib import Path
 from typing import Sequence
@@ -27,36 +25,6 @@ def pyplot():
     except ImportError as error:
         raise ImportError('Plotting needs matplotlib: pip install "hf_speculators[plot]".') from error
     return plt
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """The records of a benchmark run, one per (prompt, method), from its JSONL file (`hf-speculators bench --out`),
-    or that file gzip-compressed (a name ending in `.gz`).
-
-    Raises:
-        `FileNotFoundError`: a file that does not exist.
-        `ValueError`: a line that is not a JSON record of `run_benchmark`, or a file without records.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Records file {path} not found: pass the JSONL file of a run (hf-speculators bench "
-                                "--out FILE).")
-    records = []
-    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error}).") from None
-        if not isinstance(record, dict) or not {"method", "category", "new_tokens", "seconds"} <= set(record):
-            raise ValueError(f"{path}:{number}: not a benchmark record (hf-speculators bench writes them; a sweep's "
-                             "records have no method).")
-        records.append(record)
-    if not records:
-        raise ValueError(f"{path} holds no records.")
-    return records
 
 
 def plot_benchmark(records: Sequence[dict], path: str | Path) -> None:

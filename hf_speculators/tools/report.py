@@ -47,7 +47,7 @@ def markdown_report(records: Sequence[dict]) -> str:
     length per step), and a table of each method's speedup per category. The figures are `summarize(records)`'s, as `bench` prints them.
 
     Args:
-        records (`Sequence[dict]`): `run_benchmark`'s records (e.g. `hf_speculators.tools.plots.read_records(path)`).
+        records (`Sequence[dict]`): `run_benchmark`'s records (e.g. `hf_speculators.tools.bench.read_records(path)`).
 
     Returns:
         `str`: the Markdown text, ending with a newline.
