@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from ..cache import RaggedCache
 from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
-from .head import HeadDrafter, bounded_depth
+from .head import HeadDrafter, bounded_depth, keep_features, take_features
 from .tree import DynamicTree, StaticTree, position_trees, tree_shape
 
 
@@ -144,18 +144,15 @@ class DFlashDrafter(HeadDrafter):
 
     def observe(self, state: DFlashState, feedback: StepFeedback) -> None:
         """Keeps each row's features of its newly kept tokens until the next `propose` feeds them."""
-        for row, features in zip(feedback.rows, feedback.features):
-            state.pending.setdefault(row, []).append(features)
+        keep_features(state.pending, feedback)
 
     def _block_logits(self, state: DFlashState, input_ids, rows) -> torch.FloatTensor:
         """One drafter forward over every row's new context and block; the draft logits `(num_rows, block_size - 1,
         vocab_size)` of the positions after each row's committed tokens."""
         cache, device = state.context_cache, input_ids[0].device
         cache.keep_rows(list(rows))
-        pending = [state.pending.pop(row, []) for row in rows]
-        state.pending.clear()
         empty = torch.zeros(0, self.model.encoder.fc.in_features, device=device, dtype=self.model.dtype)
-        context = [torch.cat(parts) if parts else empty for parts in pending]
+        context = [empty if features is None else features for features in take_features(state.pending, rows)]
         counts = torch.tensor([len(part) for part in context])
         context = torch.nn.utils.rnn.pad_sequence(context, batch_first=True)  # [rows, most new, width]
         num_rows, num_new, block = len(rows), context.shape[1], self.block_size

@@ -14,7 +14,7 @@ from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
 from ..vocab import widen_logits
 from .base import DraftState, StepFeedback, TargetNeeds
-from .head import HeadDrafter
+from .head import HeadDrafter, keep_features, take_features
 from .tree import DynamicTree, StaticTree, grow_trees, tree_shape
 
 
@@ -195,8 +195,7 @@ class EagleDrafter(HeadDrafter):
 
     def observe(self, state: EagleState, feedback: StepFeedback) -> None:
         """Keeps each row's features of its newly kept tokens until the next `propose` feeds them to the head."""
-        for row, features in zip(feedback.rows, feedback.features):
-            state.pending.setdefault(row, []).append(features)
+        keep_features(state.pending, feedback)
 
     def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask):
         """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache; returns the
@@ -217,9 +216,7 @@ class EagleDrafter(HeadDrafter):
         # leave the head's cache); a row with none yet (a one-token prompt's first step) drafts nothing
         cache = state.head_cache
         cache.keep_rows(list(rows))
-        pending = [state.pending.pop(row, None) for row in rows]
-        state.pending.clear()
-        features = [None if parts is None else torch.cat(parts) if len(parts) > 1 else parts[0] for parts in pending]
+        features = take_features(state.pending, rows)
         num_new = [0 if rows_features is None else len(rows_features) for rows_features in features]
         if not any(num_new):
             return [Draft.empty(ids.device) for ids in input_ids]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..draft import Draft
-from .base import Drafter, DraftState
+from .base import Drafter, DraftState, StepFeedback
 
 
 def bounded_depth(num_draft_tokens: int | None, tree, most: int, what: str) -> int:
@@ -24,6 +24,22 @@ def bounded_depth(num_draft_tokens: int | None, tree, most: int, what: str) -> i
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or not 1 <= num_draft_tokens <= most:
         raise ValueError(f"num_draft_tokens must be an integer in 1..{most} ({what}), got {num_draft_tokens!r}.")
     return num_draft_tokens
+
+
+def keep_features(pending: dict, feedback: StepFeedback) -> None:
+    """Keeps each row's features of its newly kept tokens (`feedback.features`) in `pending` (row -> list of
+    `(n, hidden_size)` tensors) until the drafter's next `propose` feeds them (`take_features`)."""
+    for row, features in zip(feedback.rows, feedback.features):
+        pending.setdefault(row, []).append(features)
+
+
+def take_features(pending: dict, rows: Sequence[int]) -> list[torch.FloatTensor | None]:
+    """Each of `rows`' kept features since its last draft, `(n, hidden_size)`, or `None` for a row with none; the
+    features of rows no longer running are dropped."""
+    parts = [pending.pop(row, None) for row in rows]
+    pending.clear()
+    return [None if row_parts is None else torch.cat(row_parts) if len(row_parts) > 1 else row_parts[0]
+            for row_parts in parts]
 
 
 class HeadDrafter(Drafter):
