@@ -206,6 +206,14 @@ def _prompt_from_text_line(line: str, where: str) -> Prompt:
     return Prompt(line)
 
 
+# how each summary figure is written, in the bench's tables and in `hf-speculators report`
+FIGURE_FORMATS = {
+    "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
+    "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
+    "mean_draft_length": "{:.2f}",
+}
+
+
 @dataclass
 class BenchmarkResult:
     """What `run_benchmark` measured.
@@ -236,18 +244,16 @@ class BenchmarkResult:
         """The summary as plain-text tables, one block per figure, rows per category, columns per method."""
         methods = list(self.summary["all"])
         blocks = [
-            ("tokens/s (total new tokens / total seconds)", "tokens_per_s", "{:.1f}"),
-            ("speedup vs plain (ratio of tokens/s)", "speedup", "{:.2f}x"),
+            ("tokens/s (total new tokens / total seconds)", "tokens_per_s"),
+            ("speedup vs plain (ratio of tokens/s)", "speedup"),
             ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
-             "mean_acceptance_length", "{:.2f}"),
-            ("identical-output rate (generated ids equal plain greedy's)", "identical_rate", "{:.0%}"),
-            ("share of wall time outside model forwards", "outside_forwards", "{:.1%}"),
-            ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio",
-             "{:.3f}"),
-            ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length",
-             "{:.2f}"),
+             "mean_acceptance_length"),
+            ("identical-output rate (generated ids equal plain greedy's)", "identical_rate"),
+            ("share of wall time outside model forwards", "outside_forwards"),
+            ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio"),
+            ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length"),
         ]
-        lines = [_format_block(title, self.summary, methods, key, fmt) for title, key, fmt in blocks]
+        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
         lines += ["acceptance rate per draft position (all prompts)"] + [
             f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates

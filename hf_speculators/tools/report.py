@@ -3,17 +3,17 @@ the documentation are produced from the JSONL records that `run_benchmark` write
 
 from typing import Sequence
 
-from .bench import summarize
+from .bench import FIGURE_FORMATS, summarize
 
-# (column title, summary key, format) of the table over all prompts
+# (column title, summary key) of the table over all prompts
 COLUMNS = (
-    ("prompts", "num_prompts", "{}"),
-    ("tokens/s", "tokens_per_s", "{:.1f}"),
-    ("speedup vs plain", "speedup", "{:.2f}x"),
-    ("mean acceptance length", "mean_acceptance_length", "{:.2f}"),
-    ("identical to plain", "identical_rate", "{:.0%}"),
-    ("draft cost ratio", "draft_cost_ratio", "{:.3f}"),
-    ("mean draft length per step", "mean_draft_length", "{:.2f}"),
+    ("prompts", "num_prompts"),
+    ("tokens/s", "tokens_per_s"),
+    ("speedup vs plain", "speedup"),
+    ("mean acceptance length", "mean_acceptance_length"),
+    ("identical to plain", "identical_rate"),
+    ("draft cost ratio", "draft_cost_ratio"),
+    ("mean draft length per step", "mean_draft_length"),
 )
 
 
@@ -61,13 +61,14 @@ def markdown_report(records: Sequence[dict]) -> str:
     methods = list(summary["all"])
     sampled = records[0].get("provenance", {}).get("run", {}).get("settings", {}).get("do_sample", False)
     columns = [c for c in COLUMNS if not (sampled and c[1] == "identical_rate")]  # sampled outputs differ
-    lines = [provenance_line(records), "", _row(["method"] + [title for title, _, _ in columns]),
+    lines = [provenance_line(records), "", _row(["method"] + [title for title, _ in columns]),
              _row(["---"] * (len(columns) + 1))]
     for method, figures in summary["all"].items():
-        lines.append(_row([f"`{method}`"] + [_cell(figures[key], fmt) for _, key, fmt in columns]))
+        lines.append(_row([f"`{method}`"] + [_cell(figures[key], FIGURE_FORMATS[key]) for _, key in columns]))
     speculative = [m for m in methods if m != "plain"]
     lines += ["", "Speedup vs plain per category:", "", _row(["category"] + [f"`{m}`" for m in speculative]),
               _row(["---"] * (len(speculative) + 1))]
     for category, by_method in summary.items():
-        lines.append(_row([category] + [_cell(by_method.get(m, {}).get("speedup"), "{:.2f}x") for m in speculative]))
+        speedups = [by_method.get(m, {}).get("speedup") for m in speculative]
+        lines.append(_row([category] + [_cell(speedup, FIGURE_FORMATS["speedup"]) for speedup in speedups]))
     return "\n".join(lines) + "\n"
