@@ -15,6 +15,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from hf_speculators.cache import cache_argument
 from hf_speculators.loading import DEMO_TARGET
 
 
@@ -24,7 +25,7 @@ def seconds(model, cache, num_query: int, reps: int, vocab_size: int) -> float:
     for _ in range(reps):
         input_ids = torch.randint(0, vocab_size, (1, num_query))
         start = time.process_time()
-        model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=num_query)
+        model(input_ids, use_cache=True, logits_to_keep=num_query, **{cache_argument(model): cache})
         times.append(time.process_time() - start)
         cache.crop(-num_query)
     return statistics.median(times)
@@ -42,7 +43,7 @@ def main() -> None:
     vocab_size = model.get_output_embeddings().weight.shape[0]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(torch.randint(0, vocab_size, (1, args.context)), past_key_values=cache, use_cache=True)
+        model(torch.randint(0, vocab_size, (1, args.context)), use_cache=True, **{cache_argument(model): cache})
         one = seconds(model, cache, 1, args.reps, vocab_size)
         ratios = {q: seconds(model, cache, q, args.reps, vocab_size) / one for q in map(int, args.sizes.split(","))}
     print(f"one token after {args.context}: {one * 1e3:.2f} ms; " +

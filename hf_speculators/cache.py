@@ -1,4 +1,8 @@
-"""The only module that touches transformers `Cache` objects: checks, rollback, truncation and tree compaction."""
+"""The only module that touches transformers `Cache` objects: the argument that carries one, checks, rollback,
+truncation and tree compaction."""
+
+import functools
+import inspect
 
 import torch
 from transformers import Cache, DynamicCache
@@ -6,16 +10,59 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
 
+# the names a forward may take its cache under: `cache` from transformers 5.24 on, `past_key_values` before (and
+# still accepted, with a deprecation warning, until 5.40), `layer_past` in some families' decoder layers (GPT-NeoX)
+CACHE_ARGUMENT_NAMES = ("cache", "past_key_values", "layer_past")
+
+
+@functools.cache
+def _cache_argument_of(forward) -> str | None:
+    parameters = inspect.signature(forward).parameters  # follows functools.wraps to the undecorated signature
+    return next((name for name in CACHE_ARGUMENT_NAMES if name in parameters), None)
+
+
+def cache_argument(module: torch.nn.Module) -> str:
+    """The name under which `module`'s forward takes its cache, read from that forward's own signature (never from
+    a version string), e.g. `"cache"` for a Llama of transformers 5.24, `"past_key_values"` for one of 5.23.
+
+    Every forward this package runs with a cache (targets, draft models, decoder layers, MTP layers, drafter
+    modules) passes it under this name, so no call of ours meets a deprecated argument.
+
+    Raises:
+        `ValueError`: a module whose forward takes no cache argument (none of `CACHE_ARGUMENT_NAMES`).
+    """
+    name = _cache_argument_of(type(module).forward)
+    if name is None:
+        raise ValueError(
+            f"{type(module).__name__}.forward takes no cache argument (looked for {' / '.join(CACHE_ARGUMENT_NAMES)}): "
+            "speculative decoding needs a module that keeps a KV cache across forwards."
+        )
+    return name
+
+
+def passed_cache(model_kwargs: dict) -> Cache | None:
+    """The cache a `generate` call carries in `model_kwargs`, under either name (`cache` from transformers 5.24 on,
+    `past_key_values` before), or `None`.
+
+    Raises:
+        `ValueError`: two different caches, one under each name.
+    """
+    new, old = model_kwargs.get("cache"), model_kwargs.get("past_key_values")
+    if new is not None and old is not None and new is not old:
+        raise ValueError("Two caches were passed, cache= and past_key_values=: pass one (cache= from transformers 5.24 on).")
+    return new if new is not None else old
+
 
 def prepare_cache(cache: Cache | None, config) -> DynamicCache:
     """Returns a cache that speculative decoding can roll back, creating one if `cache` is `None`.
 
     Args:
-        cache: the `past_key_values` of the generate call, or `None`.
+        cache: the cache the generate call carries (`passed_cache`), or `None`.
         config: the model's config, used to create a new `DynamicCache`.
 
     Raises:
-        `ValueError`: for a static or otherwise fixed-size cache, which cannot drop rejected draft tokens.
+        `ValueError`: for a static or otherwise fixed-size cache, which cannot drop rejected draft tokens, and for
+            a cache with layers that cannot be cropped (`check_croppable`).
     """
     if cache is None:
         cache = DynamicCache(config=config)
@@ -24,8 +71,28 @@ def prepare_cache(cache: Cache | None, config) -> DynamicCache:
             f"Speculative decoding needs a DynamicCache, got {type(cache).__name__}: rejected draft tokens must be "
             "dropped from the cache. Remove cache_implementation='static' (or the cache you passed) and retry."
         )
-    cache.activate_past_recording()  # sliding-window and linear-attention layers keep what a rollback needs
+    check_croppable(cache, config)
+    cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
     return cache
+
+
+def check_croppable(cache: Cache, config) -> None:
+    """Raises `ValueError` unless every layer of `cache` can drop its last tokens, read from the layers' classes
+    before any forward.
+
+    Linear-attention layers (Mamba, gated DeltaNet, short convolutions: Qwen3-Next, Qwen3.5, LFM2 and other
+    hybrids) keep a recurrent state that a crop cannot put back as it was (transformers #49036), and report
+    themselves not croppable until a forward has told otherwise; quantized layers cannot crop at all. Refusing
+    them up front replaces a rollback that may be silently wrong.
+    """
+    refused = sorted({type(layer).__name__ for layer in cache.layers if not layer.is_croppable})
+    if refused:
+        layer_types = getattr(config, "layer_types", None)
+        raise ValueError(
+            f"Speculative decoding drops rejected draft tokens from the cache, which this model's cache layers "
+            f"{refused} cannot do (they keep a recurrent state; layer types: "
+            f"{sorted(set(layer_types)) if layer_types else 'not declared'}): use plain generate for this model."
+        )
 
 
 def rollback(cache: Cache, num_tokens: int) -> None:
@@ -98,7 +165,7 @@ def check_batch_support(cache: Cache) -> None:
         )
     if cache.get_seq_length() > 0:
         raise ValueError(
-            "Speculative generate with batch size > 1 needs an empty past_key_values: the rows' cached tokens cannot "
+            "Speculative generate with batch size > 1 needs an empty cache: the rows' cached tokens cannot "
             "be told apart. Pass no cache (or a fresh DynamicCache)."
         )
 

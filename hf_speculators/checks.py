@@ -31,8 +31,21 @@ def left_padding(attention_mask: torch.LongTensor | None, input_ids: torch.LongT
     return num_pads.tolist()
 
 
-# model_kwargs that transformers prepares for a decoding method; the loop sets its own forward arguments
-HANDLED_MODEL_KWARGS = {"attention_mask", "position_ids", "use_cache", "past_key_values", "logits_to_keep"}
+# model_kwargs that transformers prepares for a decoding method (the cache as `cache` from 5.24 on, `past_key_values`
+# before); the loop sets its own forward arguments
+HANDLED_MODEL_KWARGS = {
+    "attention_mask", "position_ids", "use_cache", "cache", "past_key_values", "logits_to_keep",
+}
+
+
+def check_input_ids(input_ids: torch.Tensor) -> None:
+    """Raises `ValueError` unless `input_ids` holds integer token ids, before a drafter is built or any forward
+    runs (a float tensor would otherwise end in an embedding's index error deep inside the model)."""
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"input_ids must hold integer token ids (torch.long); got dtype {input_ids.dtype}. Pass the tokenizer's "
+            "output unchanged, or convert with input_ids.long()."
+        )
 
 
 def check_inputs(model, input_ids: torch.LongTensor, generation_config: GenerationConfig, drafter, model_kwargs) -> None:

@@ -1,9 +1,9 @@
 """Running a decoder-only causal LM a slice of decoder layers at a time, through its public modules."""
 
-import inspect
-
 import torch
 from transformers import Cache
+
+from .cache import cache_argument
 
 # families whose forward is exactly: embeddings (+ learned positions), decoder layers, final norm, LM head; the
 # layer-by-layer run below reproduces their logits (tested token for token); others may scale embeddings
@@ -11,7 +11,6 @@ from transformers import Cache
 LAYERWISE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt_neox", "gpt2")
 LAYER_LIST_NAMES = ("layers", "h")
 FINAL_NORM_NAMES = ("norm", "final_layer_norm", "ln_f")
-CACHE_ARGUMENT_NAMES = ("past_key_values", "layer_past")
 
 
 def _first(names: tuple[str, ...], present, missing: str, looked_for: str, model_type: str) -> str:
@@ -80,9 +79,7 @@ class DecoderLayers:
         self.embeddings, self.head = model.get_input_embeddings(), model.get_output_embeddings()
         if self.head is None:
             raise ValueError(f"Layer skip cannot run this {model_type} model: it has no LM head.")
-        parameters = inspect.signature(self.layers[0].forward).parameters
-        self.cache_argument = _first(CACHE_ARGUMENT_NAMES, parameters.__contains__,
-                                     "its decoder layers take no cache argument", "the argument", model_type)
+        self.cache_argument = cache_argument(self.layers[0])
         self.num_layers = model.config.num_hidden_layers
         self.dtype = model.dtype
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
-from .cache import check_batch_support, check_tree_support, prepare_cache
-from .checks import check_attention, check_batch, check_inputs, check_synced_gpus, left_padding
+from .cache import check_batch_support, check_tree_support, passed_cache, prepare_cache
+from .checks import check_attention, check_batch, check_input_ids, check_inputs, check_synced_gpus, left_padding
 from .config import SpeculativeConfig
 from .drafters import Drafter
+from .entry import ENABLED_ATTRIBUTE, is_enabled
 from .loop import SpeculativeLoop
 from .outputs import SpeculativeGenerateOutput
 from .schedules import check_schedule, make_schedule
@@ -135,7 +136,7 @@ def generate(
     Returns:
         `torch.LongTensor` of shape `(batch_size, sequence_length + new_tokens)` (rows that stopped early padded
         with the pad token), or with `return_dict_in_generate=True` a `SpeculativeGenerateOutput` whose
-        `speculative_stats` holds the acceptance figures (for a batch, with `row_stats`; no `past_key_values`).
+        `speculative_stats` holds the acceptance figures (for a batch, with `row_stats`; no cache).
 
     Raises:
         `ValueError`: before any forward, for a missing drafter, both a drafter and a speculative config, a
@@ -151,6 +152,7 @@ def generate(
             "custom_generate=hf_speculators.generate, candidate_generator=drafter), or hf_speculators.enable(model) "
             "then model.generate(**inputs, candidate_generator=drafter); it needs the generation config they prepare."
         )
+    check_input_ids(input_ids)
     logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
     stopping_criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
     candidate_generator, verifier, schedule = _from_config(
@@ -163,7 +165,7 @@ def generate(
     check_attention(model, candidate_generator, batch_size)
     pad_token_id = check_batch(generation_config, speculative_streamer) if batch_size > 1 else 0
     num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batch_size > 1 else [0]
-    cache = prepare_cache(model_kwargs.get("past_key_values"), model.config)
+    cache = prepare_cache(passed_cache(model_kwargs), model.config)
     if batch_size > 1:
         check_batch_support(cache)
     if candidate_generator.drafts_trees:
@@ -226,7 +228,7 @@ def enable(model):
         `ValueError` (from the wrapper): `synced_gpus=True` with speculation; `stop_strings=` without `tokenizer=`; `verifier=`, `generator=` or
             `num_draft_tokens_schedule=` without `candidate_generator=` or `speculative_config=`.
     """
-    if getattr(model.generate, "_hf_speculators_enabled", False):
+    if is_enabled(model):
         return model
     plain_generate = model.generate
 
@@ -258,6 +260,6 @@ def enable(model):
             num_draft_tokens_schedule=num_draft_tokens_schedule, speculative_streamer=streamer, target_tokenizer=tokenizer, stopping_criteria=criteria, **kwargs,
         )
 
-    generate_with_speculation._hf_speculators_enabled = True
+    setattr(generate_with_speculation, ENABLED_ATTRIBUTE, True)
     model.generate = generate_with_speculation
     return model

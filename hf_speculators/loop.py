@@ -7,7 +7,7 @@ from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
 from .metrics import SpeculativeStats, clock
-from .outputs import SpeculativeGenerateOutput, commit_tokens
+from .outputs import CACHE_FIELD, SpeculativeGenerateOutput, commit_tokens
 from .query import Query
 from .sampling import row_processors, process_logits
 from .schedules import DraftLengthSchedule
@@ -25,7 +25,7 @@ class SpeculativeLoop:
     padding, as plain `generate` sees them, so `max_length`, the stopping criteria and the logits processors treat
     each row as a plain batched call would (`row_processors`); drafters and verifiers see a row without padding.
     With one row the cache never keeps a hole, the target runs with its own causal mask for chains, and the
-    streamer, `output_scores`, `output_logits` and the returned `past_key_values` are served.
+    streamer, `output_scores`, `output_logits` and the returned cache are served.
 
     Args:
         model (`PreTrainedModel`): the target.
@@ -198,10 +198,10 @@ class SpeculativeLoop:
             self.stats.add(row_stats)
         if len(self.sequences) > 1:
             self.stats.row_stats = self.row_stats
-        past_key_values = None
+        cache = None
         if len(self.sequences) == 1:
             self.cache.truncate(torch.tensor([self.sequences[0].shape[1] - 1]))
-            past_key_values = self.cache.cache
+            cache = self.cache.cache
         width = max(sequence.shape[1] for sequence in self.sequences)
         sequences = torch.cat([torch.nn.functional.pad(sequence, (0, width - sequence.shape[1]),
                                                        value=self.pad_token_id) for sequence in self.sequences])
@@ -209,6 +209,6 @@ class SpeculativeLoop:
             sequences=sequences,
             scores=None if self.scores is None else tuple(self.scores),
             logits=None if self.raw_logits is None else tuple(self.raw_logits),
-            past_key_values=past_key_values,
             speculative_stats=self.stats,
+            **{CACHE_FIELD: cache},
         )

@@ -8,10 +8,17 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .metrics import SpeculativeStats
 
+# the field under which transformers' generate outputs carry the cache in the installed version: `cache` from 5.24
+# on, `past_key_values` before (5.24 still answers the old name, with a deprecation warning)
+CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
 
 @dataclass
 class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     """transformers' `GenerateDecoderOnlyOutput` with the speculative figures of the call added.
+
+    The cache (one row only) is in the field transformers' own outputs use in the installed version,
+    `CACHE_FIELD`: `output.cache` from transformers 5.24 on, `output.past_key_values` before.
 
     Attributes:
         speculative_stats (`SpeculativeStats`): acceptance figures, timings and whether the output is lossless

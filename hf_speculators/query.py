@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import RaggedCache
+from .cache import RaggedCache, cache_argument
 from .draft import Draft
 
 
@@ -106,7 +106,7 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
     attention_mask, position_ids = cache.query_inputs(query, model.dtype)
     extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
     return model(
-        input_ids=input_ids, past_key_values=cache.cache, use_cache=True,
+        input_ids=input_ids, use_cache=True, **{cache_argument(model): cache.cache},
         attention_mask=None if attention_mask is None else attention_mask.to(input_ids.device),
         position_ids=position_ids.to(input_ids.device), **extra,
     ).logits

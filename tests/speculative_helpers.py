@@ -1,11 +1,15 @@
 """Small helpers shared by the tests: prompts, generate wrappers, drafter factory, assertions."""
 
 import contextlib
+import logging
 
 import torch
+from transformers.utils import logging as transformers_logging
 
 import hf_speculators as hs
 from drafters_for_tests import AdversaryDrafter, OracleDrafter, ScriptedDrafter
+from hf_speculators.cache import cache_argument
+from hf_speculators.outputs import CACHE_FIELD
 
 PROMPTS = {
     "random": (17, 83, 4, 52, 91, 30, 66, 8),
@@ -59,6 +63,16 @@ def make_drafter(kind: str, num_draft_tokens: int, zoo, arch: str, *, reference=
     raise ValueError(f"unknown drafter kind {kind!r}")
 
 
+def output_cache(output):
+    """The cache a model or generate output carries, under the installed release's field (`cache` from 5.24 on)."""
+    return getattr(output, CACHE_FIELD)
+
+
+def cache_kwargs(model, cache) -> dict:
+    """`cache` as the keyword argument `model`'s forward and generate take it in the installed release."""
+    return {cache_argument(model): cache}
+
+
 def assert_same_tokens(actual: torch.LongTensor, expected: torch.LongTensor) -> None:
     """Token-for-token equality, reported as lists so a failure shows where the outputs diverge."""
     assert actual.reshape(-1).tolist() == expected.reshape(-1).tolist()
@@ -66,7 +80,7 @@ def assert_same_tokens(actual: torch.LongTensor, expected: torch.LongTensor) -> 
 
 def assert_cache_matches_sequence(output) -> None:
     """After generate, the cache holds every token but the last (the next forward's input)."""
-    assert output.past_key_values.get_seq_length() == output.sequences.shape[1] - 1
+    assert output_cache(output).get_seq_length() == output.sequences.shape[1] - 1
 
 
 def check_exact(zoo, arch: str, prompt: str, kind: str, num_draft_tokens: int, *, num_correct: int | None = None,
@@ -103,3 +117,19 @@ def recording_forward_lengths(model):
         yield lengths
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def transformers_warnings():
+    """Collects what transformers logs at WARNING and above (its `warning_once` memory cleared first, so that a
+    warning an earlier test caused shows again)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = transformers_logging.get_logger("transformers")
+    logging.Logger.warning_once.cache_clear()
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)

@@ -9,7 +9,7 @@ import hf_speculators.loop as loop
 from hf_speculators.cache import RaggedCache
 from hf_speculators.query import Query, forward
 from batch_helpers import MAX_NEW_TOKENS, PAD, batched_generate, laid_out, left_padded, two_token_joint
-from speculative_helpers import PROMPTS, plain_generate, prompt_ids
+from speculative_helpers import PROMPTS, cache_kwargs, plain_generate, prompt_ids
 from test_lossless import AlwaysAcceptVerifier, chi_square, chi_square_critical
 from tiny_models import ARCHS, VOCAB_SIZE
 
@@ -292,8 +292,8 @@ def test_batch_cache_errors(zoo, case):
     else:
         model = zoo.target("llama")
         cache = DynamicCache(config=model.config)
-        model(torch.tensor([[1, 2], [3, 4]]), past_key_values=cache)
-        kwargs, message = {"past_key_values": cache}, r"needs an empty past_key_values"
+        model(torch.tensor([[1, 2], [3, 4]]), **cache_kwargs(model, cache))
+        kwargs, message = cache_kwargs(model, cache), r"needs an empty cache"
     with pytest.raises(ValueError, match=message):
         model.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), custom_generate=hs.generate, pad_token_id=PAD,
                        candidate_generator=hs.PromptLookupDrafter(3), max_new_tokens=4, **kwargs)

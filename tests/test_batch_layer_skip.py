@@ -12,7 +12,7 @@ from hf_speculators.query import Query
 from hf_speculators.target import TargetForward
 from hf_speculators.decoder_layers import DecoderLayers
 from batch_helpers import PAD, batched_generate, laid_out
-from speculative_helpers import PROMPTS
+from speculative_helpers import PROMPTS, cache_kwargs
 from tiny_models import VOCAB_SIZE, build_model
 
 ARCHS = ("llama", "qwen2", "gpt_neox", "gpt2")
@@ -73,7 +73,7 @@ def test_every_layer_sees_each_slot_once_and_no_full_forward_runs_after_prefill(
     hooks.append(model.register_forward_pre_hook(lambda module, args: full_forwards.append(1)))
     cache = DynamicCache(config=model.config)
     try:
-        out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=4), past_key_values=cache)
+        out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=4), **cache_kwargs(model, cache))
     finally:
         for hook in hooks:
             hook.remove()

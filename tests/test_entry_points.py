@@ -318,3 +318,18 @@ def test_generate_called_directly_without_prepared_config(zoo):
     except ValueError:
         return
     assert out.shape[0] == 1 and out.shape[1] > PROMPT_LENGTH
+
+
+def test_env_prints_what_a_bug_report_needs(capsys):
+    import transformers
+
+    from hf_speculators.tools.cli import main
+
+    assert main(["env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"- transformers: {transformers.__version__}" in lines
+    assert f"- torch: {torch.__version__}" in lines
+    assert any(line.startswith("- Python: ") for line in lines)
+    device = next(line for line in lines if line.startswith("- Device: "))
+    assert device.startswith("- Device: cpu: ") or device.startswith(("- Device: cuda: ", "- Device: mps"))
+    assert "float32" in next(line for line in lines if line.startswith("- Dtypes that run there: "))

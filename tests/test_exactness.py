@@ -12,9 +12,11 @@ from speculative_helpers import (
     PROMPTS,
     assert_cache_matches_sequence,
     assert_same_tokens,
+    cache_kwargs,
     check_exact,
     generated_token,
     make_drafter,
+    output_cache,
     plain_generate,
     prompt_ids,
     recording_forward_lengths,
@@ -68,7 +70,7 @@ def test_rejection_verifier_is_exact_when_greedy(zoo, arch, kind):
 def test_sliding_window_layers(zoo, kind, num_draft_tokens):
     """Qwen2 with a 5-token sliding-window layer: rolling back must restore the tokens the window dropped."""
     out, _ = check_exact(zoo, "qwen2_sliding", "random", kind, num_draft_tokens)
-    layer_types = [type(layer).__name__ for layer in out.past_key_values.layers]
+    layer_types = [type(layer).__name__ for layer in output_cache(out).layers]
     assert any("Sliding" in name for name in layer_types), layer_types
 
 
@@ -176,7 +178,7 @@ def test_continues_from_the_returned_cache(zoo, arch):
     next_turn = torch.cat([first.sequences, torch.tensor([[5, 9, 5]])], dim=-1)
     with recording_forward_lengths(model) as lengths:
         out = speculative_generate(model, next_turn, hs.PromptLookupDrafter(4), max_new_tokens=10,
-                                   past_key_values=first.past_key_values, return_dict_in_generate=True)
+                                   return_dict_in_generate=True, **cache_kwargs(model, output_cache(first)))
     assert_same_tokens(out.sequences, plain_generate(model, next_turn, max_new_tokens=10))
     assert_cache_matches_sequence(out)
     # the cached prefix was reused: the prefill ran only what the cache lacked (the last token of the first

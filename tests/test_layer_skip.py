@@ -6,7 +6,7 @@ from transformers import DynamicCache, GemmaConfig, GenerationConfig, LogitsProc
 
 import hf_speculators as hs
 from hf_speculators.decoder_layers import DecoderLayers
-from speculative_helpers import plain_generate, prompt_ids, speculative_generate
+from speculative_helpers import cache_kwargs, output_cache, plain_generate, prompt_ids, speculative_generate
 from tiny_models import build_model
 
 LAYERWISE_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gpt_neox", "gpt2")
@@ -35,7 +35,7 @@ def test_greedy_layer_skip_equals_plain_greedy(deep_targets, arch, exit_layer, n
     out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True)
     assert out.sequences.tolist() == expected.tolist()
     # every layer of the shared cache holds the same tokens afterwards: all but the last one
-    assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
+    assert layer_lengths(output_cache(out)) == {out.sequences.shape[1] - 1}
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -47,7 +47,7 @@ def test_a_confidence_threshold_shortens_drafts_and_stays_exact(deep_targets, ar
     assert out.sequences.tolist() == expected.tolist()
     stats = out.speculative_stats
     assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some drafts stopped early
-    assert layer_lengths(out.past_key_values) == {out.sequences.shape[1] - 1}
+    assert layer_lengths(output_cache(out)) == {out.sequences.shape[1] - 1}
 
 
 def test_early_exits_of_random_models_are_sometimes_accepted(deep_targets):
@@ -104,7 +104,7 @@ def test_rejection_sampling_with_layer_skip_is_seeded_and_keeps_the_cache_consis
     first, again, other = sampled(3), sampled(3), sampled(4)
     assert first.sequences.tolist() == again.sequences.tolist() != other.sequences.tolist()
     assert first.speculative_stats.lossless and first.speculative_stats.verifier == "rejection"
-    assert layer_lengths(first.past_key_values) == {first.sequences.shape[1] - 1}
+    assert layer_lengths(output_cache(first)) == {first.sequences.shape[1] - 1}
 
 
 def test_a_speculative_config_builds_a_layer_skip_drafter(deep_targets):
@@ -154,7 +154,7 @@ def test_an_interrupted_step_leaves_every_layer_of_the_cache_as_before_the_step(
         hooks.append(failing.register_forward_pre_hook(fail, with_kwargs=True))
     try:
         with pytest.raises(KeyboardInterrupt):
-            speculative_generate(model, input_ids, drafter, past_key_values=cache, logits_processor=processors)
+            speculative_generate(model, input_ids, drafter, logits_processor=processors, **cache_kwargs(model, cache))
     finally:
         for hook in hooks:
             hook.remove()

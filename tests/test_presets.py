@@ -174,7 +174,7 @@ def test_a_draft_of_another_vocabulary_is_translated_or_raises_naming_draft_mode
                           max_new_tokens=NEW_TOKENS, target_tokenizer=tokenizer)
     assert torch.equal(out, plain)
     with pytest.raises(ValueError, match=r"draft_model='.*other-draft' does not fit the target: .*another vocabulary"
-                                         r".*pass tokenizer= to generate"):
+                                         r".*pass target_tokenizer= to generate"):
         config.build(target)  # without the target's tokenizer, the logits widths (80 and 64) tell
 
 

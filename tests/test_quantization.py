@@ -20,6 +20,8 @@ from speculative_helpers import (  # noqa: E402
     PROMPTS,
     assert_cache_matches_sequence,
     assert_same_tokens,
+    cache_kwargs,
+    output_cache,
     plain_generate,
     prompt_ids,
     speculative_generate,
@@ -247,10 +249,10 @@ def test_a_multi_token_forward_gives_the_one_token_argmaxes(quantized_zoo, arch,
     forwards pick. torchao's modes keep activations in float32 and differ by float32 rounding only."""
     model, ids = quantized_zoo.model(arch, mode), torch.tensor([list(PROMPTS["random"]) * 3])
     with torch.no_grad():
-        cache = model(ids[:, :18]).past_key_values
-        multi = model(ids[:, 18:], past_key_values=cache, position_ids=torch.arange(18, 24)[None]).logits[0]
+        cache = output_cache(model(ids[:, :18]))
+        multi = model(ids[:, 18:], position_ids=torch.arange(18, 24)[None], **cache_kwargs(model, cache)).logits[0]
         cache.crop(-6)
-        single = torch.cat([model(ids[:, [i]], past_key_values=cache, position_ids=torch.tensor([[i]])).logits[0]
+        single = torch.cat([model(ids[:, [i]], position_ids=torch.tensor([[i]]), **cache_kwargs(model, cache)).logits[0]
                             for i in range(18, 24)])
     assert torch.equal(multi.argmax(-1), single.argmax(-1))
     if hq.LIBRARIES[mode][0] == "torchao":

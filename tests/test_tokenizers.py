@@ -1,6 +1,7 @@
 """Draft models of another tokenizer: string-level exact matching (greedy), token-level intersection (sampling),
 vocabulary detection, bounds and errors (hf_speculators.translation through DraftModelDrafter)."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -328,19 +329,30 @@ def _counting_forwards(*models):
 
 @pytest.mark.parametrize("missing", ["tokenizer", "draft_tokenizer"])
 def test_a_missing_tokenizer_fails_before_any_forward(bpe_pair, missing):
+    """Through custom_generate, transformers drops tokenizer= before our callable: the message names the argument
+    that reaches it (target_tokenizer=), not the one the user passed in vain."""
     target, target_tokenizer, draft, draft_tokenizer = bpe_pair
     drafter = DraftModelDrafter(draft, num_draft_tokens=3,
                                 draft_tokenizer=None if missing == "draft_tokenizer" else draft_tokenizer)
     calls, handles = _counting_forwards(target, draft)
-    expected = r"pass tokenizer= to generate" if missing == "tokenizer" else r"pass DraftModelDrafter\(\.\.\., draft_"
+    expected = r"pass target_tokenizer= to generate" if missing == "tokenizer" else r"pass DraftModelDrafter\(\.\.\., draft_"
+    tokenizers = {"tokenizer": target_tokenizer} if missing == "tokenizer" else {"target_tokenizer": target_tokenizer}
     try:
         with pytest.raises(ValueError, match=expected):
-            speculative_generate(target, torch.tensor([target_tokenizer.encode("The quick")]), drafter,
-                                 target_tokenizer=None if missing == "tokenizer" else target_tokenizer)
+            speculative_generate(target, torch.tensor([target_tokenizer.encode("The quick")]), drafter, **tokenizers)
     finally:
         for handle in handles:
             handle.remove()
     assert not calls
+
+
+def test_after_enable_a_missing_tokenizer_names_tokenizer(bpe_pair):
+    """After `enable(model)` its wrapper maps tokenizer=, so that is the argument the message names."""
+    target, target_tokenizer, draft, draft_tokenizer = bpe_pair
+    drafter = DraftModelDrafter(draft, num_draft_tokens=3, draft_tokenizer=draft_tokenizer)
+    with pytest.raises(ValueError, match=r"pass tokenizer= to generate\.$"):
+        hs.enable(copy.deepcopy(target)).generate(torch.tensor([target_tokenizer.encode("The quick")]),
+                                                  candidate_generator=drafter, max_new_tokens=4, do_sample=False)
 
 
 def test_sampling_leaves_the_draft_model_unchanged(zoo, tokenizer):

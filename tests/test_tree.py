@@ -3,7 +3,7 @@
 import pytest
 import torch
 from drafters_for_tests import WrongFirstTreeDrafter
-from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, plain_generate, prompt_ids
+from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, cache_kwargs, plain_generate, prompt_ids
 from speculative_helpers import speculative_generate as speculative
 from tiny_models import ARCHS, VOCAB_SIZE, build_draft, build_model, build_tokenizer
 from transformers import DynamicCache, GenerationConfig
@@ -189,7 +189,7 @@ def test_compaction_keeps_the_accepted_path(zoo, arch):
     assert cache.get_seq_length() == num_prompt + 2 and bool(ragged.valid.all())
     expected = DynamicCache(config=target.config)
     with torch.no_grad():
-        target(input_ids=reference[:, : num_prompt + 2], past_key_values=expected, use_cache=True)
+        target(input_ids=reference[:, : num_prompt + 2], use_cache=True, **cache_kwargs(target, expected))
         for layer, expected_layer in zip(cache.layers, expected.layers):
             torch.testing.assert_close(layer.keys, expected_layer.keys, atol=1e-5, rtol=0)
             torch.testing.assert_close(layer.values, expected_layer.values, atol=1e-5, rtol=0)
@@ -198,7 +198,7 @@ def test_compaction_keeps_the_accepted_path(zoo, arch):
         tokens = reference[:, : num_prompt + 2]
         while tokens.shape[1] < reference.shape[1]:
             position = torch.tensor([[tokens.shape[1] - 1]])
-            next_logits = target(input_ids=tokens[:, -1:], past_key_values=cache, position_ids=position).logits
+            next_logits = target(input_ids=tokens[:, -1:], position_ids=position, **cache_kwargs(target, cache)).logits
             tokens = torch.cat([tokens, next_logits[:, -1].argmax(-1, keepdim=True)], dim=-1)
     assert_same_tokens(tokens, reference)
 

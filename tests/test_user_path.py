@@ -36,6 +36,7 @@ from hf_speculators.tools.plots import plot_benchmark  # noqa: E402
 from hf_speculators.config.presets import bundled_presets, card_results  # noqa: E402
 from hf_speculators.tools.quiet import quiet_third_party  # noqa: E402
 from hf_speculators.config.vllm_export import to_vllm_with_notes  # noqa: E402
+from speculative_helpers import transformers_warnings  # noqa: E402
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -245,22 +246,6 @@ def test_nothing_keeps_the_model_alive(saved, tokenizer, settings):
 
 
 # ---------------------------------------------------------------- a quiet run
-
-
-@contextmanager
-def transformers_warnings():
-    """Collects what transformers logs at WARNING and above (its `warning_once` memory cleared first, so that a
-    warning an earlier test caused shows again)."""
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logger = transformers_logging.get_logger("transformers")
-    logging.Logger.warning_once.cache_clear()
-    logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..cache import RaggedCache
+from ..cache import RaggedCache, cache_argument
 from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth, keep_features, take_features
@@ -168,7 +168,7 @@ class DFlashDrafter(HeadDrafter):
                                   (cache.lengths + counts)[:, None] + torch.arange(block)], dim=1).to(device)
         outputs = self.model(noise_embeds=embeds, context_hidden_states=context.to(embeds.dtype),
                              attention_mask={"full_attention": mask, "sliding_attention": mask},
-                             position_ids=position_ids, past_key_values=cache.cache)
+                             position_ids=position_ids, **{cache_argument(self.model): cache.cache})
         cache.append(torch.cat([new_valid[:, :num_new], torch.zeros(num_rows, block, dtype=torch.bool)], dim=1))
         return state.target.get_output_embeddings()(outputs.last_hidden_state[:, 1:])
 

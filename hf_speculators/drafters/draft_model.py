@@ -6,6 +6,7 @@ import torch
 
 from ..cache import RaggedCache, check_batch_support, prepare_cache
 from ..draft import Draft
+from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
 from ..query import Query, forward
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
@@ -34,10 +35,9 @@ def vocabulary_bridge(target, draft_model, target_tokenizer=None, draft_tokenize
         if len(target_tokenizer) <= min(vocabulary_size(target), vocabulary_size(draft_model)):
             return None
     if vocabulary_size(target) != vocabulary_size(draft_model):
-        missing = " and ".join(name for name, tokenizer in (("DraftModelDrafter(..., draft_tokenizer=...)",
-                                                             draft_tokenizer), ("tokenizer= to generate",
-                                                                                target_tokenizer))
-                               if tokenizer is None) or "tokenizers of the two models"
+        missing = " and ".join(name for name, tokenizer in (
+            ("DraftModelDrafter(..., draft_tokenizer=...)", draft_tokenizer),
+            (tokenizer_argument(target), target_tokenizer)) if tokenizer is None) or "tokenizers of the two models"
         raise ValueError(
             f"The draft model has a vocabulary of {vocabulary_size(draft_model)} tokens and the target of "
             f"{vocabulary_size(target)}: a draft of another vocabulary (or a padded one) needs both tokenizers "

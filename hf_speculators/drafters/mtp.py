@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..cache import RaggedCache
+from ..cache import RaggedCache, cache_argument
 from ..draft import Draft
 from ..sampling import process_logits
 from .base import DraftState, StepFeedback, TargetNeeds
@@ -149,7 +149,8 @@ class MTPDrafter(HeadDrafter):
         position_embeddings = None if mtp.rotary_emb is None else mtp.rotary_emb(embeds, position_ids=position_ids,
                                                                                    **rope)
         hidden_states = mtp.layers[k](embeds, hidden_states, position_embeddings=position_embeddings,
-                                      attention_mask=mask, position_ids=position_ids, past_key_values=cache)
+                                      attention_mask=mask, position_ids=position_ids,
+                                      **{cache_argument(mtp.layers[k]): cache})
         return mtp.shared_post_norm(hidden_states) if mtp.use_shared_post_norm else hidden_states
 
     def _windows(self, state: MTPState, rows: Sequence[int]):

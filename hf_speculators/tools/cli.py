@@ -1,7 +1,7 @@
 """The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate,
 `bench` compares methods on a prompt set, `sweep` measures the fidelity/acceptance trade-off of the relaxed
-verifiers, `plot` draws a saved bench run, `presets` lists the bundled presets and `export` prints the vLLM
-command of one."""
+verifiers, `plot` draws a saved bench run, `presets` lists the bundled presets, `export` prints the vLLM
+command of one and `env` the versions and device facts a bug report needs."""
 
 import argparse
 import sys
@@ -26,6 +26,7 @@ from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .bench import DRAFT_MODEL_METHODS
 from .bench import METHODS as BENCH_METHODS
 from .chat import encode_prompt, use_chat_template
+from .env import run_env
 from .plots import plot_benchmark, pyplot
 from .quiet import quiet_third_party
 from .report import markdown_report
@@ -310,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_presets(commands)
     _add_export(commands)
     add_training_commands(commands)
+    env = commands.add_parser("env", help="print the versions and device facts a bug report needs")
+    env.set_defaults(run=run_env)
     return parser
 
 
