@@ -3,12 +3,8 @@
 import torch
 from transformers import GenerationConfig
 
+from .attention import attention_implementation, takes_custom_masks
 from .drafters import Drafter
-
-# attention implementations verified with the loop's custom masks (4D additive for token trees and unverified tokens,
-# 2D with holes for ragged batches); others (flash_attention_2/3, paged kernels; flex_attention, whose CPU kernel
-# torch 2.13 cannot compile, so it is unverified) serve one row of chains only, with the model's own causal mask
-CUSTOM_MASK_ATTENTION = ("eager", "sdpa")
 
 
 def left_padding(attention_mask: torch.LongTensor | None, input_ids: torch.LongTensor) -> list[int]:
@@ -98,15 +94,14 @@ def check_attention(model, drafter: Drafter, batch_size: int) -> None:
     """Raises `ValueError` when the target's attention implementation cannot take the masks this call needs.
 
     One row with chains runs with the model's own causal mask, which every implementation serves; token trees and
-    batches (ragged rows) need custom masks, which only `CUSTOM_MASK_ATTENTION` honour.
+    batches (ragged rows) need custom masks, which only `attention.CUSTOM_MASK_ATTENTION` honour.
     """
-    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
-    if implementation in CUSTOM_MASK_ATTENTION:
+    if takes_custom_masks(model):
         return
     needs = "batch size > 1" if batch_size > 1 else ("token trees" if drafter.drafts_trees else None)
     if needs is not None:
         raise ValueError(
-            f"The target runs attn_implementation={implementation!r}, which cannot take the custom attention masks "
+            f"The target runs attn_implementation={attention_implementation(model)!r}, which cannot take the custom attention masks "
             f"that {needs} need: load it with attn_implementation=\"sdpa\" (or \"eager\"), or generate one "
             "sequence with a chain drafter."
         )

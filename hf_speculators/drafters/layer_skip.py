@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cache import check_layerwise_support, truncate_layers
-from ..checks import CUSTOM_MASK_ATTENTION
+from ..attention import attention_implementation, takes_custom_masks
 from ..decoder_layers import DecoderLayers
 from ..draft import Draft
 from ..vocab import DraftVocabHead, check_draft_vocab
@@ -104,11 +104,10 @@ class LayerSkipDrafter(Drafter):
                 f"exit_layer={self.exit_layer} leaves no layer to verify with: this model has {layers.num_layers} "
                 f"layers; choose an exit layer from 1 to {layers.num_layers - 1}."
             )
-        implementation = getattr(state.target.config, "_attn_implementation", None) or "eager"
-        if implementation not in CUSTOM_MASK_ATTENTION:
+        if not takes_custom_masks(state.target):
             raise ValueError(
                 f"Layer skip runs the target's layers with custom 4D attention masks, which "
-                f"attn_implementation={implementation!r} cannot take: load the target with "
+                f"attn_implementation={attention_implementation(state.target)!r} cannot take: load the target with "
                 f"attn_implementation=\"sdpa\" (or \"eager\")."
             )
         check_layerwise_support(state.cache.cache, state.generation_config.max_length)
