@@ -11,7 +11,8 @@ from .medusa import MedusaDrafter
 from .mtp import MTPDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .suffix import SuffixDrafter
-from .tree import DynamicTree, StaticTree, TreeDrafter, tree_shape
+from .tree import TreeDrafter
+from .tree_growth import DynamicTree, StaticTree, tree_shape
 
 DRAFTERS: dict[str, type[Drafter]] = {
     PromptLookupDrafter.name: PromptLookupDrafter,

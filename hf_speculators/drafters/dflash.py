@@ -11,7 +11,7 @@ from ..cache import RaggedCache, cache_argument
 from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth, keep_features, take_features
-from .tree import DynamicTree, StaticTree, position_trees, tree_shape
+from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
 
 
 @dataclass

@@ -15,7 +15,7 @@ from ..heads.files import head_folder
 from ..vocab import widen_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, keep_features, take_features
-from .tree import DynamicTree, StaticTree, grow_trees, tree_shape
+from .tree_growth import DynamicTree, StaticTree, grow_trees, tree_shape
 
 
 @dataclass

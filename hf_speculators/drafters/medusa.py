@@ -14,7 +14,7 @@ from ..heads.medusa_formats import read_medusa_heads
 from .base import DraftState, StepFeedback, TargetNeeds
 from .draft_model import vocabulary_size
 from .head import HeadDrafter
-from .tree import DynamicTree, StaticTree, position_trees, tree_shape
+from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
 
 # Medusa's default tree, `mc_sim_7b_63` in FasterDecoding/Medusa `medusa/model/medusa_choices.py` (@e2a5d20):
 # 63 paths of child ranks, depth <= 4, found by simulating acceptance with Vicuna-7B's heads (Cai et al. 2024,

@@ -12,7 +12,7 @@ from ..draft import Draft
 from ..sampling import process_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth
-from .tree import DynamicTree, StaticTree, position_trees, tree_shape
+from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
