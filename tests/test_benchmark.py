@@ -24,6 +24,8 @@ from hf_speculators.tools.bench import (  # noqa: E402
     summarize,
 )
 from hf_speculators.config.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
+from speculative_helpers import prompt_ids, speculative_generate  # noqa: E402
+from test_transformers_compat import DRAFT_CASES  # noqa: E402
 
 WORDS = "the cat sat on a mat and dog ran to park with ball then".split()
 PROMPTS = [
@@ -343,3 +345,27 @@ def test_a_first_divergence_at_a_near_tie_is_not_a_mismatch_in_half_precision(dt
     assert benchmark._divergence(model, batch, 0, other, plain, exact=True) == expected
     assert benchmark._divergence(model, batch, 0, plain, plain, exact=True) is None
     assert benchmark._divergence(model, batch, 0, other, plain, exact=False) is None
+
+
+@pytest.mark.parametrize("case", DRAFT_CASES)
+def test_the_bench_times_every_drafters_draft_forwards(zoo, case):
+    """`_timed_modules` holds what each drafter runs outside the target's forward (`Drafter.draft_modules`): the
+    bench once missed MTP's, DFlash's and the hybrid's draft forwards (it looked for a few attribute names)."""
+    target, drafter = DRAFT_CASES[case](zoo)
+    modules, depth, outside = benchmark._timed_modules(target, {"candidate_generator": drafter}), [0], []
+
+    def enter(module, args):
+        depth[0] += module is target
+        outside.append(depth[0] == 0 and module is not target)
+
+    def leave(module, args, output):
+        depth[0] -= module is target
+
+    hooks = [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    try:
+        speculative_generate(target, prompt_ids("random"), drafter, max_new_tokens=8)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert modules[0] is target
+    assert any(outside) == (case != "prompt_lookup")

@@ -89,6 +89,8 @@ DRAFT_CASES = {
     "eagle3": lambda zoo: (build_model("llama", num_layers=4, seed=1), hs.EagleDrafter(random_eagle3())),
     "mtp": _mtp_case,
     "dflash": lambda zoo: (zoo.target("llama"), hs.DFlashDrafter(build_dflash(zoo.target("llama")))),
+    "hybrid": lambda zoo: (zoo.target("llama"), hs.HybridDrafter(hs.SuffixDrafter(),
+                                                                 hs.DraftModelDrafter(zoo.noisy_draft("llama")))),
 }
 
 

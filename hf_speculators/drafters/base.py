@@ -175,6 +175,12 @@ class Drafter(CandidateGenerator):
         """What this drafter reads from the target's forwards (default: nothing)."""
         return TargetNeeds()
 
+    def draft_modules(self, target) -> tuple[torch.nn.Module, ...]:
+        """The modules whose forwards this drafter runs to draft for `target` (its draft model or head, and any part
+        of the target it calls outside the target's own forward), for a benchmark to time as model time; a module
+        that runs inside another one's forward may be listed too. Default: none (a model-free drafter)."""
+        return ()
+
     def start(self, state: DraftState) -> None:
         """Starts a generate call: checks that this drafter fits `state.target` and fills its per-call state.
 

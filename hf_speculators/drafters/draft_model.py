@@ -196,6 +196,9 @@ class DraftModelDrafter(Drafter):
             self._bridges = {id(target_tokenizer): (target_tokenizer, bridge)}
         return bridge
 
+    def draft_modules(self, target) -> tuple:
+        return (self.draft_model,)
+
     def start(self, state: DraftModelState) -> None:
         """Checks the draft model against the target (none in transformers' `get_candidates`), finds whether its
         tokens need translating and starts an empty draft cache of `state.batch_size` rows.

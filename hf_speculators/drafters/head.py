@@ -86,6 +86,12 @@ class HeadDrafter(Drafter):
             self._converted[key] = copy.deepcopy(self.module).to(device=device, dtype=dtype).eval()
         return self._converted[key]
 
+    def draft_modules(self, target) -> tuple:
+        """The draft module as it runs for `target` (`module_for`), and the target's embeddings and LM head, which
+        head drafters call outside the target's forward (embedding draft tokens, scoring draft features)."""
+        return (self.module_for(target.device, target.dtype), target.get_input_embeddings(),
+                target.get_output_embeddings())
+
     @staticmethod
     def draft_chains(state: DraftState, input_ids: Sequence[torch.LongTensor], logits: torch.FloatTensor,
                      budgets: Sequence[int], next_logits: Callable) -> list[Draft]:

@@ -129,6 +129,9 @@ class HybridDrafter(Drafter):
     def target_needs(self, target) -> TargetNeeds:
         return self.model_drafter.target_needs(target)
 
+    def draft_modules(self, target) -> tuple:
+        return self.model_free.draft_modules(target) + self.model_drafter.draft_modules(target)
+
     def start(self, state: HybridState) -> None:
         shared = {f.name: getattr(state, f.name) for f in fields(DraftState)
                   if f.name not in ("target", "generation_config", "resume")}

@@ -92,6 +92,13 @@ class LayerSkipDrafter(Drafter):
         self.exit_layer, self.confidence_threshold = exit_layer, confidence_threshold
         self.draft_vocab = None if draft_vocab is None else check_draft_vocab(draft_vocab)
 
+    def draft_modules(self, target) -> tuple:
+        """The target's parts that drafting runs outside its forward: embeddings, position embeddings, decoder
+        layers, final norm and LM head."""
+        parts = DecoderLayers(target)
+        positions = tuple(m for m in (parts.rotary, parts.learned_positions) if m is not None)
+        return (parts.embeddings, *positions, *parts.layers, parts.final_norm, parts.head)
+
     def start(self, state: LayerSkipState) -> None:
         if state.cache is None:
             raise ValueError(

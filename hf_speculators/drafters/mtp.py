@@ -131,6 +131,14 @@ class MTPDrafter(HeadDrafter):
     def target_needs(self, target) -> TargetNeeds:
         return TargetNeeds(final_norm=True)
 
+    def draft_modules(self, target) -> tuple:
+        """The MTP layers' parts that drafting calls one by one (`MtpModel`'s own forward never runs), and the
+        target's LM head (the MTP layers' shared head)."""
+        mtp = self.mtp_model
+        parts = (mtp.embed_tokens, mtp.rotary_emb, *mtp.layers, mtp.shared_post_norm if mtp.use_shared_post_norm
+                 else None, target.get_output_embeddings())
+        return tuple(part for part in parts if part is not None)
+
     def start(self, state: MTPState) -> None:
         check_mtp_fits(self.mtp_model, state.target, state.generation_config.max_length)
         state.mtp_cache = RaggedCache(DynamicCache(), torch.zeros(state.batch_size, 0, dtype=torch.bool))

@@ -75,9 +75,7 @@ from ..config import SpeculativeConfig
 from ..config import methods as speculative_methods
 from ..config.build import build_drafter, build_verifier
 from ..config.methods import LOADED_DRAFT
-from ..decoder_layers import DecoderLayers
 from ..decoding import generate
-from ..drafters import LayerSkipDrafter
 from ..metrics import SpeculativeStats, clock
 from ..quantization import quantization_settings
 from ..schedules import check_schedule
@@ -104,8 +102,6 @@ TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "dra
 PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip")
 TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
 ENGINES = ("hf_speculators", "transformers")
-# where our drafters keep the module that drafts: DraftModelDrafter's draft model, EagleDrafter's head, MedusaDrafter's
-DRAFT_MODULE_ATTRIBUTES = ("draft_model", "head", "heads")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 # record fields copied from SpeculativeStats.to_dict(); null for methods that report no stats
@@ -440,25 +436,15 @@ class _Run:
     stats: SpeculativeStats | None
 
 
-def _draft_model(generate_kwargs: dict):
-    """The draft model a method's `generate` keywords run (transformers' assistant, our drafter's draft model or
-    learned head), if any."""
-    drafter = generate_kwargs.get("candidate_generator")
-    own = next((getattr(drafter, name) for name in DRAFT_MODULE_ATTRIBUTES if getattr(drafter, name, None) is not None),
-               None)
-    return generate_kwargs.get("assistant_model", own)
-
-
 def _timed_modules(target, generate_kwargs: dict) -> list:
-    """The modules whose forwards count as model time for a method: the target, its draft model (`_draft_model`),
-    and for layer skip the target's parts it calls outside the target's forward (embeddings, decoder layers,
-    final norm, LM head); other methods hook no layer, so their timing pays for no extra hooks."""
-    modules = [m for m in (target, _draft_model(generate_kwargs)) if m is not None]
-    if isinstance(generate_kwargs.get("candidate_generator"), LayerSkipDrafter):
-        parts = DecoderLayers(target)
-        positions = [m for m in (parts.rotary, parts.learned_positions) if m is not None]
-        modules += [parts.embeddings, *positions, *parts.layers, parts.final_norm, parts.head]
-    return modules
+    """The modules whose forwards count as model time for a method: the target, and transformers' assistant model
+    or the modules our drafter declares (`Drafter.draft_modules`: its draft model or head, and the target's parts
+    it calls outside the target's forward, e.g. layer skip's decoder layers); a model-free method hooks nothing
+    more, so its timing pays for no extra hooks."""
+    drafter = generate_kwargs.get("candidate_generator")
+    own = () if drafter is None else drafter.draft_modules(target)
+    assistant = generate_kwargs.get("assistant_model")
+    return [target, *own, *(() if assistant is None else (assistant,))]
 
 
 @contextmanager
