@@ -303,11 +303,11 @@ def test_a_config_without_draft_model_drafts_with_a_quantized_copy_of_the_target
 
 def test_bench_times_the_draft_model_each_method_runs(quantized_zoo):
     self_draft = make_drafter("self-draft-int8", target=quantized_zoo.model("llama"))
-    assistant = quantized_zoo.model("llama")
-    assert benchmark._draft_model({"candidate_generator": self_draft}) is self_draft.draft_model
-    assert benchmark._draft_model({"assistant_model": assistant}) is assistant
-    assert benchmark._draft_model({"candidate_generator": hs.PromptLookupDrafter()}) is None
-    assert benchmark._draft_model({}) is None
+    target = assistant = quantized_zoo.model("llama")
+    assert benchmark._timed_modules(target, {"candidate_generator": self_draft}) == [target, self_draft.draft_model]
+    assert benchmark._timed_modules(target, {"assistant_model": assistant}) == [target, assistant]
+    assert benchmark._timed_modules(target, {"candidate_generator": hs.PromptLookupDrafter()}) == [target]
+    assert benchmark._timed_modules(target, {}) == [target]
 
 
 @pytest.fixture(scope="module")
