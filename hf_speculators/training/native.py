@@ -1,5 +1,5 @@
 """Fitting the drafters that transformers ships to a frozen target on its own outputs: multi-token-prediction
-layers (`MtpModel`) and DFlash block drafters. A short Adam run over a few sequences: enough to make tiny test and
+layers (`MtpModel`), DFlash block drafters and Gemma 4 assistants. A short Adam run over a few sequences: enough to make tiny test and
 benchmark drafters that are often accepted, not a training recipe for real models (see `trainers` for those)."""
 
 import torch
@@ -91,3 +91,40 @@ def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int 
         loss.backward()
         optimizer.step()
     return model.eval()
+
+
+def distill_gemma4_assistant(assistant, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
+    """Trains a Gemma 4 assistant (the target frozen) so that, at every position p of `sequences`, it predicts
+    x_{p+1} from the pair (target embedding of x_p, target last hidden state h_{p-1}) with the target's keys and values
+    of the tokens before p (cross-entropy), with full-batch Adam. The positions of one sequence are the rows of one
+    forward, each seeing only its own tokens (a padding mask), as `Gemma4AssistantDrafter` drafts.
+
+    `assistant` (`Gemma4AssistantForCausalLM`) is returned in eval mode; the other arguments are `distill_mtp`'s.
+    """
+    from ..drafters.gemma4_assistant import shared_layers
+
+    target.requires_grad_(False)
+    layers = shared_layers(target)
+    batches = []
+    with torch.no_grad():
+        for ids in sequences:
+            out = target(ids, output_hidden_states=True, return_shared_kv_states=True)
+            positions = torch.arange(1, ids.shape[1] - 1)  # p: a token before it, and one after it to predict
+            shared = {layer_type: tuple(t.expand(len(positions), -1, -1, -1) for t in out.shared_kv_states[layer_type])
+                      for layer_type in layers}
+            embeds = torch.cat([target.get_input_embeddings()(ids[0, positions]),
+                                out.hidden_states[-1][0, positions - 1]], dim=-1)[:, None]
+            mask = (torch.arange(ids.shape[1]) < positions[:, None]).long()
+            batches.append((embeds, positions[:, None], mask, shared, ids[0, positions + 1]))
+    optimizer = torch.optim.Adam(assistant.parameters(), lr=lr)
+    assistant.train()
+    for _ in range(steps):
+        loss = 0.0
+        for embeds, position_ids, mask, shared, labels in batches:
+            logits = assistant(inputs_embeds=embeds, position_ids=position_ids, attention_mask=mask,
+                               shared_kv_states=shared, use_cache=False).logits[:, 0]
+            loss = loss + torch.nn.functional.cross_entropy(logits, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return assistant.eval()
