@@ -117,7 +117,7 @@ def check_drafts_match_transformers(target, generator_class, make_drafter, monke
 def build_gemma4(sliding_window: int = 128, seed: int = 5):
     """`(target, assistant)`: a seeded fp32 two-layer Gemma 4 text target (a sliding-window then a full-attention
     layer, no EOS/BOS/PAD in its generation config) and a random one-layer-per-type `Gemma4AssistantForCausalLM` made
-    for it (transformers >= 5.24). The target's weights depend on `seed` only, not on `sliding_window`."""
+    for it (transformers >= 5.24), drafting 4 tokens. The target's weights depend on `seed` only, not on `sliding_window`."""
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
 
     def text_config(**overrides):
@@ -137,4 +137,5 @@ def build_gemma4(sliding_window: int = 128, seed: int = 5):
     assistant = Gemma4AssistantForCausalLM(Gemma4AssistantConfig(text_config=text_config(hidden_size=24,
                                                                                           intermediate_size=48),
                                                                  backbone_hidden_size=32)).eval()
+    assistant.generation_config.num_assistant_tokens = 4  # transformers' generator has no default (int(None))
     return target, assistant
