@@ -128,11 +128,33 @@ def layer_states(cache: Cache, layer_idx: int, last: int | None = None) -> tuple
     return layer.keys[..., -last:, :], layer.values[..., -last:, :]
 
 
-def check_tree_support(cache: Cache) -> None:
-    """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer`.
+def declared_windows(config) -> list[int]:
+    """The sliding windows (in tokens) of the attention layers `config` declares, whatever cache a call passes: a
+    `DynamicCache()` built without a config holds full-attention layers for a sliding-window model."""
+    layers = DynamicCache(config=config).layers
+    return sorted({layer.sliding_window for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)})
+
+
+def _check_windows(config, max_length: int, what: str) -> None:
+    """Raises `ValueError` when a sliding window `config` declares is shorter than `max_length` tokens: `what` runs
+    with custom masks over every cached slot, exact only while every window holds the whole sequence."""
+    short = [window for window in declared_windows(config) if window < max_length]
+    if short:
+        raise ValueError(
+            f"{what} attends over every cached token, and this model's sliding-window layers see only the last "
+            f"{short[0]} tokens, fewer than max_length={max_length}: lower max_length (max_new_tokens) to "
+            f"{short[0]} or less, or generate one sequence with a chain drafter."
+        )
+
+
+def check_tree_support(cache: Cache, config, max_length: int) -> None:
+    """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer` and every sliding
+    window the model declares holds `max_length` tokens.
 
     A token tree is scored with a 4D mask over the whole cache and compacted by gathering key/value rows: neither
-    fits sliding-window layers (which hold only the last window of tokens) nor linear-attention states.
+    fits sliding-window layers (which hold only the last window of tokens) nor linear-attention states; and the 4D
+    mask replaces the model's own window, so a passed full-attention cache serves a sliding-window model only while
+    its windows hold the whole sequence.
     """
     unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if unsupported:
@@ -140,13 +162,15 @@ def check_tree_support(cache: Cache) -> None:
             f"Token trees need full-attention cache layers; this model's cache has {unsupported}. Use a drafter "
             "that proposes chains (e.g. DraftModelDrafter, or PromptLookupDrafter with num_candidates=1)."
         )
+    _check_windows(config, max_length, "A token tree")
 
 
-def check_layerwise_support(cache: Cache, max_length: int) -> None:
+def check_layerwise_support(cache: Cache, config, max_length: int) -> None:
     """Raises `ValueError` unless every layer of `cache` attends to all earlier tokens up to `max_length` tokens.
 
     Layer skip runs decoder layers itself with a causal mask over the whole cache: right for full-attention layers,
-    and for sliding-window layers whose window holds the whole sequence.
+    and for sliding-window layers (in the cache, or declared by the model's `config`) whose window holds the whole
+    sequence.
     """
     for layer in cache.layers:
         if type(layer) is DynamicLayer:
@@ -159,13 +183,17 @@ def check_layerwise_support(cache: Cache, max_length: int) -> None:
             + (f" with a window of {window} tokens, shorter than max_length={max_length}" if window else "")
             + ". Lower max_length to the window, or use DraftModelDrafter or PromptLookupDrafter."
         )
+    _check_windows(config, max_length, "Layer skip")
 
 
-def check_batch_support(cache: Cache) -> None:
-    """Raises `ValueError` unless `cache` is empty and every layer is a full-attention `DynamicLayer`.
+def check_batch_support(cache: Cache, config, max_length: int) -> None:
+    """Raises `ValueError` unless `cache` is empty, every layer is a full-attention `DynamicLayer` and every
+    sliding window the model declares holds `max_length` tokens.
 
     A batch keeps rejected draft slots as masked holes (`RaggedCache`): a sliding-window layer counts its window in
-    cache slots, holes included, and a linear-attention state cannot skip a slot.
+    cache slots, holes included, and a linear-attention state cannot skip a slot. A passed full-attention cache
+    serves a sliding-window model with 4D masks over each row's tokens (`RaggedCache(full_masks=True)`), exact
+    while its windows hold the whole sequence.
     """
     unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if unsupported:
@@ -178,6 +206,7 @@ def check_batch_support(cache: Cache) -> None:
             "Speculative generate with batch size > 1 needs an empty cache: the rows' cached tokens cannot "
             "be told apart. Pass no cache (or a fresh DynamicCache)."
         )
+    _check_windows(config, max_length, "Speculative generate with batch size > 1")
 
 
 def _gather_slots(states: torch.Tensor, order: torch.LongTensor) -> torch.Tensor:
@@ -207,11 +236,14 @@ class RaggedCache:
         max_holes (`int`, defaults to `DEFAULT_MAX_HOLES`, 32): hole slots the widest row may carry before all rows are compacted.
         rows (`list[int]`, *optional*): each row's index in the generate call's batch (default `0 .. batch_size - 1`);
             `select` and `keep_rows` keep it in step, as `self.rows`.
+        full_masks (`bool`, defaults to `False`): give every forward with holes the 4D mask of each row's own tokens
+            (`additive_mask`), never a 2D one: a sliding-window model builds its window from a 2D mask over cache
+            slots, holes included, which would hide a row's own earlier tokens (see `check_batch_support`).
     """
 
     def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES,
-                 rows: list[int] | None = None):
-        self.cache, self.valid, self.max_holes = cache, valid, max_holes
+                 rows: list[int] | None = None, full_masks: bool = False):
+        self.cache, self.valid, self.max_holes, self.full_masks = cache, valid, max_holes, full_masks
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
         self._holes = bool((~valid).any())
         self.rows = list(range(valid.shape[0])) if rows is None else list(rows)
@@ -238,13 +270,14 @@ class RaggedCache:
         The mask is `None` for one row without holes and a chain query (the model's own causal mask), the 2D
         padding mask `(batch_size, num_slots + num_query)` for other chain queries, and the 4D float additive mask
         `(batch_size, 1, num_query, num_slots + num_query)` (`additive_mask`) for a query with its own visibility
-        (token trees, unverified tokens).
+        (token trees, unverified tokens) and, with `full_masks`, for every query that is not one row's chain
+        without holes.
         """
         position_ids = self.lengths[:, None] + query.offsets
-        if query.visible is not None:
-            return self.additive_mask(query.valid, dtype, query.visible, query.past_visible), position_ids
-        if self.batch_size == 1 and not self._holes:
+        if self.batch_size == 1 and not self._holes and query.visible is None:
             return None, position_ids
+        if query.visible is not None or self.full_masks:
+            return self.additive_mask(query.valid, dtype, query.visible, query.past_visible), position_ids
         return torch.cat([self.valid, query.valid], dim=1).long(), position_ids
 
     def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype, visible: torch.BoolTensor | None = None,

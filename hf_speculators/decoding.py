@@ -167,9 +167,9 @@ def generate(
     num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batch_size > 1 else [0]
     cache = prepare_cache(passed_cache(model_kwargs), model.config)
     if batch_size > 1:
-        check_batch_support(cache)
+        check_batch_support(cache, model.config, generation_config.max_length)
     if candidate_generator.drafts_trees:
-        check_tree_support(cache)
+        check_tree_support(cache, model.config, generation_config.max_length)
     generator = generator if generator is not None else _default_generator(_logits_device(model, input_ids))
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,

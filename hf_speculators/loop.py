@@ -2,7 +2,7 @@
 
 import torch
 
-from .cache import DEFAULT_MAX_HOLES, RaggedCache, truncate
+from .cache import DEFAULT_MAX_HOLES, RaggedCache, declared_windows, truncate
 from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
@@ -66,7 +66,8 @@ class SpeculativeLoop:
         self.processors = [row_processors(self.logits_processor, batch_size, row) for row in range(batch_size)]
         truncate(cache, input_ids.shape[1] - 1)
         num_cached = cache.get_seq_length()
-        self.cache = RaggedCache(cache, torch.ones(batch_size, num_cached, dtype=torch.bool), self.max_holes)
+        self.cache = RaggedCache(cache, torch.ones(batch_size, num_cached, dtype=torch.bool), self.max_holes,
+                                 full_masks=batch_size > 1 and bool(declared_windows(self.model.config)))
         self.running = list(range(batch_size))  # the rows that have not finished (the cache's rows)
         self.state = self.drafter.new_state(
             self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessorList, TopKLogitsWarper
+from transformers import AutoModelForCausalLM, DynamicCache, LogitsProcessorList, TopKLogitsWarper
 
 import hf_speculators as hs
 import hf_speculators.loop as loop
@@ -11,7 +11,7 @@ from hf_speculators.query import Query, forward
 from batch_helpers import MAX_NEW_TOKENS, PAD, batched_generate, laid_out, left_padded, two_token_joint
 from speculative_helpers import PROMPTS, cache_kwargs, plain_generate, prompt_ids
 from test_lossless import AlwaysAcceptVerifier, chi_square, chi_square_critical
-from tiny_models import ARCHS, VOCAB_SIZE
+from tiny_models import ARCHS, SLIDING_WINDOW, VOCAB_SIZE, make_config
 
 BATCH_PROMPTS = ("random", "one_token", "repetitive")  # 8, 1 and 9 tokens: every row is padded but the last
 
@@ -117,7 +117,7 @@ def test_rows_of_equal_length_need_no_mask(zoo):
 
 def test_compacting_every_step_changes_nothing(zoo, monkeypatch):
     """`max_holes=0` realigns the rows after every step (the gather path); the output must not change."""
-    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, max_holes: RaggedCache(cache, valid, 0))
+    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, max_holes, **kwargs: RaggedCache(cache, valid, 0, **kwargs))
     drafter = scripted(zoo, "llama", BATCH_PROMPTS, 4, max_new_tokens=MAX_NEW_TOKENS)
     out = batched(zoo.target("llama"), drafter)
     assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
@@ -321,3 +321,43 @@ def test_processors_with_state_per_row_match_plain_batched_generate(zoo, process
     assert torch.equal(out.sequences, expected)
     if kind == "draft_model":  # drafts were accepted: the draft side's processors ran too
         assert out.speculative_stats.num_accepted_tokens > 0
+
+
+# ---------------------------------------------------------------- sliding windows with a passed full-attention cache
+
+
+def sliding_model(window: int):
+    """A tiny Qwen2 whose layer 1 attends to the last `window` tokens (seed of the zoo's targets)."""
+    config = make_config("qwen2_sliding", 48, 2)
+    config.sliding_window = window
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model.generation_config.bos_token_id = model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("full_masks", [True, False], ids=["4d_masks", "control_2d_masks"])
+def test_a_passed_full_attention_cache_serves_a_sliding_window_model_exactly(monkeypatch, full_masks):
+    """`cache=DynamicCache()` holds full-attention layers for a sliding-window model. Its window covers max_length, but
+    the rows' slots (holes included) outgrow it: the model's own window over a 2D mask counts holes and hides a
+    row's earlier tokens (the control diverges), so the loop gives 4D masks of each row's tokens."""
+    prompts = prompt_tokens(BATCH_PROMPTS)
+    model = sliding_model(max(map(len, prompts)) + MAX_NEW_TOKENS)  # = max_length
+    references = [plain_generate(model, torch.tensor([p]), max_new_tokens=MAX_NEW_TOKENS)[0].tolist() for p in prompts]
+    if not full_masks:
+        monkeypatch.setattr(loop, "RaggedCache", lambda *args, full_masks, **kwargs: RaggedCache(*args, **kwargs))
+    out = batched_generate(model, RowScriptedDrafter(references, 4), prompts, cache=DynamicCache())
+    assert torch.equal(out.sequences, laid_out(prompts, references)) == full_masks
+
+
+@pytest.mark.parametrize("case", ["batch", "tree", "layer_skip"])
+def test_a_sliding_window_shorter_than_max_length_is_refused_with_a_full_attention_cache(zoo, case):
+    model, ids = zoo.target("qwen2_sliding"), prompt_ids("random")
+    drafter = {"batch": hs.PromptLookupDrafter(3), "tree": hs.PromptLookupDrafter(3, num_candidates=2),
+               "layer_skip": hs.LayerSkipDrafter(exit_layer=1)}[case]
+    what = {"batch": "Speculative generate with batch size > 1", "tree": "A token tree", "layer_skip": "Layer skip"}
+    ids = ids.expand(2, -1) if case == "batch" else ids
+    with pytest.raises(ValueError, match=rf"{what[case]} attends over every cached token, and this model's "
+                                         rf"sliding-window layers see only the last {SLIDING_WINDOW} tokens"):
+        model.generate(ids, custom_generate=hs.generate, candidate_generator=drafter, max_new_tokens=8,
+                       pad_token_id=PAD, **cache_kwargs(model, DynamicCache()))

@@ -88,7 +88,7 @@ def test_every_layer_sees_each_slot_once_and_no_full_forward_runs_after_prefill(
 @pytest.mark.parametrize("max_holes", [0, 10**6])
 def test_compacting_every_step_or_never_changes_nothing(deep_targets, monkeypatch, max_holes):
     """Compaction gathers every layer's slots, the drafted early ones included; holes may also pile up."""
-    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, _: RaggedCache(cache, valid, max_holes))
+    monkeypatch.setattr(loop, "RaggedCache", lambda cache, valid, _, **kwargs: RaggedCache(cache, valid, max_holes, **kwargs))
     model = deep_targets["gpt_neox"]
     out = batched(model, hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=3))
     assert out.sequences.tolist() == own_outputs(model, BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS).tolist()

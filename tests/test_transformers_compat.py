@@ -16,8 +16,9 @@ import hf_speculators as hs
 from eagle_heads import random_eagle3
 from hf_speculators.cache import CACHE_ARGUMENT_NAMES, cache_argument, passed_cache
 from hf_speculators.outputs import CACHE_FIELD
-from native_models import build_dflash, build_mtp_target
-from speculative_helpers import prompt_ids, speculative_generate, transformers_warnings
+from hf_speculators.drafters.gemma4_assistant import gemma4_assistant_unsupported
+from native_models import build_dflash, build_gemma4, build_mtp_target
+from speculative_helpers import cache_kwargs, prompt_ids, speculative_generate, transformers_warnings
 from tiny_models import VOCAB_SIZE, build_model, build_target
 
 NEW_TOKENS = 8
@@ -78,6 +79,16 @@ def _mtp_case(zoo):
     return target, hs.MTPDrafter(mtp_model)
 
 
+def _gemma4_case(zoo):
+    """A tiny Gemma 4 target and assistant; a batch runs with a cache of full-attention layers (the window covers
+    every slot), as `cache=DynamicCache()` gives."""
+    unsupported = gemma4_assistant_unsupported()
+    if unsupported is not None:
+        pytest.skip(str(unsupported))
+    target, assistant = build_gemma4()
+    return target, hs.Gemma4AssistantDrafter(assistant)
+
+
 # (target, drafter) per drafter family that runs a forward with a cache of ours
 DRAFT_CASES = {
     "prompt_lookup": lambda zoo: (zoo.target("llama"), hs.PromptLookupDrafter()),
@@ -89,6 +100,7 @@ DRAFT_CASES = {
     "eagle3": lambda zoo: (build_model("llama", num_layers=4, seed=1), hs.EagleDrafter(random_eagle3())),
     "mtp": _mtp_case,
     "dflash": lambda zoo: (zoo.target("llama"), hs.DFlashDrafter(build_dflash(zoo.target("llama")))),
+    "gemma4_assistant": _gemma4_case,
     "hybrid": lambda zoo: (zoo.target("llama"), hs.HybridDrafter(hs.SuffixDrafter(),
                                                                  hs.DraftModelDrafter(zoo.noisy_draft("llama")))),
 }
@@ -99,9 +111,10 @@ DRAFT_CASES = {
 def test_one_speculative_call_raises_no_warning_at_all(zoo, case, batch_size):
     target, drafter = DRAFT_CASES[case](zoo)
     ids = prompt_ids("random").expand(batch_size, -1)
+    cache = {} if case != "gemma4_assistant" or batch_size == 1 else cache_kwargs(target, DynamicCache())
     with every_warning() as (caught, logged):
         out = speculative_generate(target, ids, drafter, max_new_tokens=NEW_TOKENS, return_dict_in_generate=True,
-                                   pad_token_id=0)
+                                   pad_token_id=0, **cache)
     assert [f"{w.category.__name__}: {w.message} ({w.filename})" for w in caught] == []
     assert [record.getMessage() for record in logged] == []
     assert out.sequences.shape == (batch_size, ids.shape[1] + NEW_TOKENS)

@@ -215,7 +215,7 @@ class DraftModelDrafter(Drafter):
         cache = prepare_cache(None, self.draft_model.config)
         if state.batch_size > 1:
             try:
-                check_batch_support(cache)
+                check_batch_support(cache, self.draft_model.config, state.generation_config.max_length)
             except ValueError as error:
                 raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
         state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool))

@@ -117,7 +117,7 @@ class LayerSkipDrafter(Drafter):
                 f"attn_implementation={attention_implementation(state.target)!r} cannot take: load the target with "
                 f"attn_implementation=\"sdpa\" (or \"eager\")."
             )
-        check_layerwise_support(state.cache.cache, state.generation_config.max_length)
+        check_layerwise_support(state.cache.cache, state.target.config, state.generation_config.max_length)
         state.layers = layers
         state.draft_head = None if self.draft_vocab is None else DraftVocabHead(layers.head, self.draft_vocab)
 

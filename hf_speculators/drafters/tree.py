@@ -61,7 +61,7 @@ class TreeDrafter(DraftModelDrafter):
         if state.bridge is not None:
             raise ValueError("The draft model's tokenizer differs from the target's, and token trees are drafted in "
                              "the target's vocabulary: use DraftModelDrafter (chains) for a draft of another tokenizer.")
-        check_tree_support(state.draft_cache.cache)
+        check_tree_support(state.draft_cache.cache, self.draft_model.config, state.generation_config.max_length)
         if isinstance(self.tree, StaticTree) and max(self.tree.ranks) >= state.vocab_size:
             raise ValueError(
                 f"The tree asks for child rank {max(self.tree.ranks)} of a {state.vocab_size}-token vocabulary."
