@@ -346,7 +346,7 @@ def test_a_passed_full_attention_cache_serves_a_sliding_window_model_exactly(mon
     references = [plain_generate(model, torch.tensor([p]), max_new_tokens=MAX_NEW_TOKENS)[0].tolist() for p in prompts]
     if not full_masks:
         monkeypatch.setattr(loop, "RaggedCache", lambda *args, full_masks, **kwargs: RaggedCache(*args, **kwargs))
-    out = batched_generate(model, RowScriptedDrafter(references, 4), prompts, cache=DynamicCache())
+    out = batched_generate(model, RowScriptedDrafter(references, 4), prompts, **cache_kwargs(model, DynamicCache()))
     assert torch.equal(out.sequences, laid_out(prompts, references)) == full_masks
 
 
