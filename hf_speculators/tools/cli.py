@@ -19,13 +19,13 @@ from ..decoding import enable
 from ..drafters.prompt_lookup import MATCH_RULES
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
+from ..prompts import encode_prompt, load_prompts, use_chat_template
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
-from .bench import BenchSettings, load_prompts, named_methods, read_records, run_benchmark
+from .bench import BenchSettings, named_methods, read_records, run_benchmark
 from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
 from .bench import DRAFT_MODEL_METHODS
 from .bench import METHODS as BENCH_METHODS
-from .chat import encode_prompt, use_chat_template
 from .env import run_env
 from .plots import plot_benchmark, pyplot
 from .quiet import quiet_third_party

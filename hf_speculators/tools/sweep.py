@@ -24,12 +24,12 @@ from typing import Sequence
 import torch
 
 from .bench import (
-    BenchSettings, Prompt, RecordWriter, _digest, _encode, _num_threads, _prompt_budget, _timed_generate_one,
+    BenchSettings, RecordWriter, _digest, _encode, _num_threads, _prompt_budget, _timed_generate_one,
 )
 from ..decoding import generate
 from ..drafters import Drafter
+from ..prompts import Prompt, use_chat_template
 from ..verifiers import ExactVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier, Verifier
-from .chat import use_chat_template
 from .plots import pyplot
 
 SUMMED_FIELDS = ("new_tokens", "seconds", "num_drafts", "num_accepted_tokens", "log_likelihood", "identical_tokens",
