@@ -5,11 +5,13 @@ One code path for the command line (`--prompts`, `--limit`, `--chat`, `--no-chat
 the sweep and training (`load_prompts`, `chat_template=`, `system_prompt=`).
 """
 
+import hashlib
 import json
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
 
+import torch
 from transformers import BatchEncoding
 
 
@@ -144,3 +146,43 @@ def encode_prompt(tokenizer, text: str, chat: bool, system_prompt: str | None = 
         messages.append({"role": "user", "content": text})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=not chat, return_tensors="pt")
+
+
+def encode_truncated(tokenizer, text: str, chat_template: bool, max_prompt_tokens: int, device,
+                     system_prompt: str | None = None) -> tuple[torch.LongTensor, bool]:
+    """Tokenizes `text` (through the chat template if asked, `encode_prompt`) and keeps its last `max_prompt_tokens`
+    tokens.
+
+    Returns:
+        `tuple[torch.LongTensor, bool]`: the ids `(1, prompt_tokens)` on `device`, and whether the prompt was cut.
+
+    Raises:
+        `ValueError`: a prompt of no tokens.
+    """
+    input_ids = encode_prompt(tokenizer, text, chat_template, system_prompt).input_ids
+    if input_ids.shape[1] == 0:
+        raise ValueError(f"Prompt {text!r} tokenizes to no tokens; remove it from the prompts file.")
+    return input_ids[:, -max_prompt_tokens:].to(device), input_ids.shape[1] > max_prompt_tokens
+
+
+def prompt_budget(models, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """The longest prompt (tokens), at most `max_prompt_tokens`, that leaves room for `max_new_tokens` within the
+    position limit (`max_position_embeddings`) of every model of `models` (`None` entries skipped).
+
+    Raises:
+        `ValueError`: `max_new_tokens` leaves no room for a prompt.
+    """
+    limits = [getattr(m.config, "max_position_embeddings", None) for m in models if m is not None]
+    budget = min([max_prompt_tokens] + [limit - max_new_tokens for limit in limits if limit])
+    if budget < 1:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the models' position limit "
+            f"({min(limit for limit in limits if limit)} tokens): lower max_new_tokens."
+        )
+    return budget
+
+
+def prompts_fingerprint(prompts: list[Prompt]) -> str:
+    """A fingerprint of the prompts (texts, categories, ids), so that a resumed run checks it has the same."""
+    text = json.dumps([[p.text, p.category, p.question_id] for p in prompts])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
