@@ -166,6 +166,13 @@ def _bench_settings(args) -> BenchSettings:
                          num_threads=args.threads, out_path=args.out, resume=args.resume)
 
 
+def _interrupted(args) -> int:
+    """Says where the records of an interrupted `bench` or `sweep` are and how to continue; its exit status."""
+    print(f"hf-speculators {args.command}: interrupted; the records measured so far are in {args.out}: rerun the same "
+          "command with --resume to continue.", file=sys.stderr)
+    return INTERRUPTED
+
+
 def run_bench(args) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.draft_vocab_size is not None and args.draft_vocab is None:
@@ -185,9 +192,7 @@ def run_bench(args) -> int:
         result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft,
                                draft_tokenizer=draft_tokenizer)
     except KeyboardInterrupt:
-        print(f"hf-speculators bench: interrupted; the records measured so far are in {args.out}: rerun the same "
-              "command with --resume to continue.", file=sys.stderr)
-        return INTERRUPTED
+        return _interrupted(args)
     print(f"records: {args.out}")
     if args.plot is not None:
         plot_benchmark(result.records, args.plot)
@@ -210,9 +215,7 @@ def run_sweep_command(args) -> int:
     try:
         points = run_sweep(target, tokenizer, prompts, drafter, verifiers, settings)
     except KeyboardInterrupt:
-        print(f"hf-speculators sweep: interrupted; the records measured so far are in {args.out}: rerun the same "
-              "command with --resume to continue.", file=sys.stderr)
-        return INTERRUPTED
+        return _interrupted(args)
     print(sweep_table(points))
     print(f"records: {args.out}")
     if not args.no_plot:

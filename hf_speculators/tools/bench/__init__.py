@@ -21,8 +21,6 @@ from .settings import (
 )
 from .summaries import FIGURE_FORMATS, BenchmarkResult, summarize
 
-__all__ = [
-    "DEFAULT_METHODS", "DRAFT_MODEL_METHODS", "EXIT_LAYER_METHODS", "FIGURE_FORMATS", "METHODS", "TRANSFORMERS_METHODS",
-    "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt", "RecordWriter", "load_prompts", "named_methods",
-    "read_records", "run_benchmark", "summarize", "variant_label",
-]
+__all__ = ["DEFAULT_METHODS", "DRAFT_MODEL_METHODS", "EXIT_LAYER_METHODS", "FIGURE_FORMATS", "METHODS",
+           "TRANSFORMERS_METHODS", "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt", "RecordWriter",
+           "load_prompts", "named_methods", "read_records", "run_benchmark", "summarize", "variant_label"]

@@ -86,12 +86,7 @@ def _model_name(model) -> str | None:
 
 def run_provenance(target, draft, run: dict) -> dict:
     """The run's provenance, the same object on every record: versions, device, models, and `run` (the methods,
-    settings and prompts' fingerprint that a resumed run must share).
-
-    Args:
-        target (`PreTrainedModel`), draft (`PreTrainedModel`, *optional*): the models of the run.
-        run (`dict`): the run's identity, JSON-compatible.
-    """
+    settings and prompts' fingerprint that a resumed run must share, JSON-compatible)."""
     from ... import __version__
 
     return {

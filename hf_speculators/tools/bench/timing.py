@@ -47,11 +47,7 @@ def timed_modules(target, generate_kwargs: dict) -> list:
     """The modules whose forwards count as model time for a method: the target, and transformers' assistant model
     or the modules our drafter declares (`Drafter.draft_modules`: its draft model or head, and the target's parts
     it calls outside the target's forward, e.g. layer skip's decoder layers); a model-free method hooks nothing
-    more, so its timing pays for no extra hooks.
-
-    Args:
-        target (`PreTrainedModel`): the target model.
-        generate_kwargs (`dict`): the method's `generate` keywords (`generate_kwargs`).
+    more, so its timing pays for no extra hooks. `generate_kwargs` are the method's (`engines.generate_kwargs`).
 
     Returns:
         `list[torch.nn.Module]`: the target first.
@@ -92,13 +88,7 @@ def _forward_timer(target, modules: list):
 
 def timed_generate(target, batch: Batch, generate_kwargs: dict, settings: BenchSettings) -> list[TimedRun]:
     """One generate call on a batch of prompts (greedy or sampled as `settings` say, from `settings.seed`), timed,
-    with its model forwards measured.
-
-    Args:
-        target (`PreTrainedModel`): the model whose `generate` runs.
-        batch (`Batch`): the prompts, left padded.
-        generate_kwargs (`dict`): the method's `generate` keywords (`generate_kwargs`).
-        settings (`BenchSettings`): `max_new_tokens`, the decoding mode and the seed.
+    with its model forwards measured; `generate_kwargs` select the method (`engines.generate_kwargs`).
 
     Returns:
         `list[TimedRun]`: one per row, each with the row's own new tokens and an even share of the call's seconds
