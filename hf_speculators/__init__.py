@@ -3,8 +3,8 @@
 from .config import SpeculativeConfig
 from .decoding import SpeculativeGenerateOutput, enable, generate
 from .drafters import (
-    DRAFTERS, DFlashDrafter, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, HybridDrafter, LayerSkipDrafter,
-    LookaheadDrafter, MedusaDrafter, MTPDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
+    DRAFTERS, DFlashDrafter, DraftModelDrafter, Drafter, DynamicTree, EagleDrafter, Gemma4AssistantDrafter, HybridDrafter,
+    LayerSkipDrafter, LookaheadDrafter, MedusaDrafter, MTPDrafter, PromptLookupDrafter, StaticTree, SuffixDrafter, TreeDrafter,
 )
 from .draft import Draft
 from .metrics import SpeculativeStats
@@ -33,6 +33,7 @@ __all__ = [
     "DraftModelDrafter",
     "Drafter",
     "EagleDrafter",
+    "Gemma4AssistantDrafter",
     "LayerSkipDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",

@@ -118,6 +118,16 @@ def truncate(cache: Cache, length: int) -> None:
     rollback(cache, cache.get_seq_length() - length)
 
 
+def layer_states(cache: Cache, layer_idx: int, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values `(batch_size, num_key_value_heads, num_slots, head_dim)` that layer `layer_idx` of `cache`
+    holds (only its last `last` slots when given), as that layer's attention saw them (after its norms and RoPE):
+    what a drafter that attends to the target's own keys and values reads (Gemma 4 assistants)."""
+    layer = cache.layers[layer_idx]
+    if last is None:
+        return layer.keys, layer.values
+    return layer.keys[..., -last:, :], layer.values[..., -last:, :]
+
+
 def check_tree_support(cache: Cache) -> None:
     """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer`.
 

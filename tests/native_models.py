@@ -112,3 +112,30 @@ def check_drafts_match_transformers(target, generator_class, make_drafter, monke
         ours = {length: tokens for length, (tokens, _) in ours[0].items()}
         assert {length: theirs.get(length, [])[: len(tokens)] for length, tokens in ours.items()} == ours
         assert len(ours) >= len(theirs) - 1 >= 5
+
+
+def build_gemma4(sliding_window: int = 128, seed: int = 5):
+    """`(target, assistant)`: a seeded fp32 two-layer Gemma 4 text target (a sliding-window then a full-attention
+    layer, untied LM head, no EOS/BOS/PAD in its generation config) and a random one-layer-per-type
+    `Gemma4AssistantForCausalLM` made for it (transformers >= 5.24), drafting 4 tokens. The target's weights depend on
+    `seed` only, not on `sliding_window`."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4ForCausalLM, Gemma4TextConfig
+
+    def text_config(**overrides):
+        settings = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+                        sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"],
+                        hidden_size_per_layer_input=0, vocab_size_per_layer_input=0, max_position_embeddings=256,
+                        initializer_range=INIT_RANGE, tie_word_embeddings=False, **NO_SPECIAL)
+        return Gemma4TextConfig(**{**settings, **overrides})
+
+    torch.manual_seed(seed)
+    target = Gemma4ForCausalLM(text_config()).eval()
+    generation_config = target.generation_config
+    generation_config.bos_token_id = generation_config.eos_token_id = generation_config.pad_token_id = None
+    torch.manual_seed(seed + 1)
+    assistant_config = Gemma4AssistantConfig(text_config=text_config(hidden_size=24, intermediate_size=48),
+                                             backbone_hidden_size=32)
+    assistant = Gemma4AssistantForCausalLM(assistant_config).eval()
+    assistant.generation_config.num_assistant_tokens = 4  # transformers' generator has no default (int(None))
+    return target, assistant

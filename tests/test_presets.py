@@ -209,8 +209,8 @@ def test_relaxed_verifiers_build_with_their_parameters(verification, settings, e
 
 def test_a_speculators_type_raises_naming_it_and_listing_the_drafters(target):
     config = hs.SpeculativeConfig(method="dspark", draft_model="org/speculator")
-    drafters = (r"\['dflash', 'draft-model', 'eagle', 'eagle3', 'hybrid', 'layer-skip', 'lookahead', 'medusa', 'mtp', "
-                r"'prompt-lookup', 'suffix', 'tree'\]")
+    drafters = (r"\['dflash', 'draft-model', 'eagle', 'eagle3', 'gemma4-assistant', 'hybrid', 'layer-skip', 'lookahead', "
+                r"'medusa', 'mtp', 'prompt-lookup', 'suffix', 'tree'\]")
     with pytest.raises(ValueError, match=r"method='dspark' cannot be built .*" + drafters + ".*vLLM"):
         config.build(target)
     # a speculators MTP checkpoint (method "mtp" with a draft_model); MTPDrafter drafts with the target's own layers

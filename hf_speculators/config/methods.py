@@ -11,9 +11,10 @@ SELF_DRAFT_METHODS = {f"self-draft-{quantization}": quantization for quantizatio
 # method -> the option naming its draft head checkpoint (EagleDrafter, MedusaDrafter)
 HEAD_METHODS = {"eagle3": "eagle_head", "eagle3-tree": "eagle_head", "medusa": "medusa_head",
                 "medusa-tree": "medusa_head", "hybrid-eagle3": "eagle_head"}
-# the drafters transformers ships: the target's own MTP layers (beside its checkpoint, no option) and DFlash block
-# drafters (method -> the option naming the checkpoint)
-NATIVE_METHODS = {"mtp": None, "mtp-tree": None, "dflash": "dflash_model", "dflash-tree": "dflash_model"}
+# the drafters transformers ships: the target's own MTP layers (beside its checkpoint, no option), DFlash block
+# drafters and Gemma 4 assistants (method -> the option naming the checkpoint)
+NATIVE_METHODS = {"mtp": None, "mtp-tree": None, "dflash": "dflash_model", "dflash-tree": "dflash_model",
+                  "gemma4-assistant": "gemma4_assistant"}
 # method -> the option naming the checkpoint it drafts with
 CHECKPOINT_OPTIONS = {**HEAD_METHODS, **{name: option for name, option in NATIVE_METHODS.items() if option}}
 METHODS = ("prompt-lookup", "prompt-lookup-tree", "suffix", "lookahead", "draft-model", "draft-model-tree",
@@ -45,6 +46,7 @@ def method_config(
     eagle_head: str | None = None,
     medusa_head: str | None = None,
     dflash_model: str | None = None,
+    gemma4_assistant: str | None = None,
     max_tree_depth: int | None = None,
     max_cached_requests: int | None = None,
     max_spec_factor: float | None = None,
@@ -80,6 +82,8 @@ def method_config(
       does not apply: the layers set the draft length, as in transformers' `use_mtp=True`).
     - `"dflash"`, `"dflash-tree"`: `DFlashDrafter` from the checkpoint `dflash_model`, a chain of `block_size - 1`
       tokens (transformers' draft length) or a `DynamicTree` of `tree_top_k`, `tree_nodes` and that depth.
+    - `"gemma4-assistant"`: `Gemma4AssistantDrafter` from the checkpoint `gemma4_assistant` (transformers >= 5.24), a
+      chain of `num_draft_tokens` (default: the assistant's `num_assistant_tokens`, else 4).
 
     Raises:
         `ValueError`: an unknown method, or settings the config refuses (e.g. a draft-model method without
@@ -117,6 +121,8 @@ def method_config(
         "mtp-tree": {"method": "mtp", "tree": native_tree},
         "dflash": {"method": "dflash", "draft_model": dflash_model},
         "dflash-tree": {"method": "dflash", "draft_model": dflash_model, "tree": native_tree},
+        "gemma4-assistant": {"method": "gemma4-assistant", "draft_model": gemma4_assistant,
+                             "num_draft_tokens": num_draft_tokens},
     }[method]
     return SpeculativeConfig(**_given(**settings))
 

@@ -34,6 +34,7 @@ METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the target's own MTP layers, beside its checkpoint (draft_model: a speculators-format MTP checkpoint, for vLLM)
     "mtp": ((), ("tree", "draft_model", "draft_revision")),
     "dflash": (("draft_model",), ("draft_revision", "tree")),  # draft_model: the DFlash drafter's checkpoint
+    "gemma4-assistant": (("draft_model",), ("draft_revision",)),  # draft_model: the Gemma 4 assistant's checkpoint
 }
 
 
@@ -87,7 +88,8 @@ class SpeculativeConfig:
         method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
             `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), `"suffix"`
             (`SuffixDrafter`), `"lookahead"` (`LookaheadDrafter`), `"hybrid"` (`HybridDrafter`), `"mtp"` (`MTPDrafter`:
-            the target's multi-token-prediction layers), `"dflash"` (`DFlashDrafter`), and methods that load
+            the target's multi-token-prediction layers), `"dflash"` (`DFlashDrafter`), `"gemma4-assistant"`
+            (`Gemma4AssistantDrafter`, transformers >= 5.24), and methods that load
             as a config but cannot be built in this version (the speculators drafter types in
             `SPECULATORS_TYPES`).
         num_draft_tokens (`int`, *optional*): draft tokens per step (k), at least 1; under the `"goodput"`

@@ -4,6 +4,7 @@ from .base import Drafter
 from .dflash import DFlashDrafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
+from .gemma4_assistant import Gemma4AssistantDrafter
 from .hybrid import HybridDrafter
 from .layer_skip import LayerSkipDrafter
 from .lookahead import LookaheadDrafter
@@ -26,10 +27,11 @@ DRAFTERS: dict[str, type[Drafter]] = {
     SuffixDrafter.name: SuffixDrafter,
     MTPDrafter.name: MTPDrafter,
     DFlashDrafter.name: DFlashDrafter,
+    Gemma4AssistantDrafter.name: Gemma4AssistantDrafter,
     HybridDrafter.name: HybridDrafter,  # built from a config by build.build_drafter: suffix + a model drafter
 }
 
 __all__ = [
-    "DRAFTERS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
+    "DRAFTERS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter", "Gemma4AssistantDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
     "PromptLookupDrafter", "StaticTree", "SuffixDrafter", "TreeDrafter", "tree_shape",
 ]

@@ -49,8 +49,8 @@ def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
              "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
-             "dflash_model", "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob",
-             "window_size", "ngram_size", "verification_set_size")
+             "dflash_model", "gemma4_assistant", "max_tree_depth", "max_cached_requests", "max_spec_factor",
+             "min_token_prob", "window_size", "ngram_size", "verification_set_size")
     return {name: getattr(args, name, None) for name in names}
 
 
@@ -60,14 +60,15 @@ def config_from_args(args) -> SpeculativeConfig:
     `--method NAME` (a named method, as for `bench` and `sweep`) replaces the preset's method by
     `method_config(NAME, ...)` with the drafter flags given, keeping the preset's draft model or head checkpoint
     where the new method takes one; `--draft` without `--method` over a preset whose method takes no draft model
-    switches to `draft-model`. `--eagle-head`, `--medusa-head` and `--dflash-model` name the head of an EAGLE,
-    Medusa or DFlash method.
+    switches to `draft-model`. `--eagle-head`, `--medusa-head`, `--dflash-model` and `--gemma4-assistant` name the
+    head of an EAGLE, Medusa, DFlash or Gemma 4 assistant method.
     """
     config = SpeculativeConfig.from_pretrained(args.preset)
     method = args.method
     if method is None and args.draft is not None and "draft_model" not in method_fields(config.method):
         method = "draft-model"  # --draft alone over a preset without a draft model (the default's)
-    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",), "dflash_model": ("dflash",)}
+    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",), "dflash_model": ("dflash",),
+             "gemma4_assistant": ("gemma4-assistant",)}
     given_head = next((name for name in heads if getattr(args, name) is not None), None)
     if method is None and given_head is not None:
         if config.method not in heads[given_head]:

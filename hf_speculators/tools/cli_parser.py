@@ -122,6 +122,9 @@ def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None
                         help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
     parser.add_argument("--dflash-model", default=None,
                         help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target")
+    parser.add_argument("--gemma4-assistant", default=None,
+                        help="gemma4-assistant: the Gemma 4 assistant's checkpoint, made for the target "
+                             "(transformers >= 5.24)")
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,22 @@
 """Fitting the drafters that transformers ships to a frozen target on its own outputs: multi-token-prediction
-layers (`MtpModel`) and DFlash block drafters. A short Adam run over a few sequences: enough to make tiny test and
-benchmark drafters that are often accepted, not a training recipe for real models (see `trainers` for those)."""
+layers (`MtpModel`), DFlash block drafters and Gemma 4 assistants. A short Adam run over a few sequences: enough to
+make tiny test and benchmark drafters that are often accepted, not a training recipe for real models (see `trainers`
+for those)."""
 
 import torch
+
+
+def _fit(module, parameters, batches: list[tuple], batch_loss, steps: int, lr: float):
+    """Full-batch Adam on `parameters` of `module` for `steps` steps, each minimizing the sum of `batch_loss(*batch)`
+    over `batches`; returns `module` in eval mode."""
+    optimizer = torch.optim.Adam(parameters, lr=lr)
+    module.train()
+    for _ in range(steps):
+        loss = sum(batch_loss(*batch) for batch in batches)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return module.eval()
 
 
 def distill_mtp(mtp_model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
@@ -25,26 +39,22 @@ def distill_mtp(mtp_model, target, sequences: list[torch.LongTensor], steps: int
         features = [target(ids, output_hidden_states=True).hidden_states[-1] for ids in sequences]
     parameters = [p for name, p in mtp_model.named_parameters()
                   if not name.startswith(("embed_tokens", "shared_head"))]
-    optimizer = torch.optim.Adam(parameters, lr=lr)
-    mtp_model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for ids, hidden in zip(sequences, features):
-            layer_hidden = hidden[:, :-1]
-            for k in range(len(mtp_model.layers)):
-                length = ids.shape[1] - 2 - k
-                if length < 1:
-                    break
-                layer_hidden = layer_hidden[:, :length]
-                positions = torch.arange(k + 1, k + 1 + length)[None]
-                layer_hidden = mtp_model.forward_layer(k, layer_hidden, positions, None,
-                                                       input_ids=ids[:, k + 1 : k + 1 + length])
-                logits = mtp_model._project_to_logits(layer_hidden)
-                loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, k + 2 : k + 2 + length])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return mtp_model.eval()
+
+    def sequence_loss(ids, hidden):
+        loss, layer_hidden = 0.0, hidden[:, :-1]
+        for k in range(len(mtp_model.layers)):
+            length = ids.shape[1] - 2 - k
+            if length < 1:
+                break
+            layer_hidden = layer_hidden[:, :length]
+            positions = torch.arange(k + 1, k + 1 + length)[None]
+            layer_hidden = mtp_model.forward_layer(k, layer_hidden, positions, None,
+                                                   input_ids=ids[:, k + 1 : k + 1 + length])
+            logits = mtp_model._project_to_logits(layer_hidden)
+            loss = loss + torch.nn.functional.cross_entropy(logits[0], ids[0, k + 2 : k + 2 + length])
+        return loss
+
+    return _fit(mtp_model, parameters, list(zip(sequences, features)), sequence_loss, steps, lr)
 
 
 def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
@@ -78,16 +88,43 @@ def distill_dflash(model, target, sequences: list[torch.LongTensor], steps: int 
             position_ids = torch.cat([torch.arange(length), slots.flatten()])[None]
             labels = ids[0, slots[:, 1:]]  # [anchors, block - 1]
             batches.append((embeddings(noise.view(1, -1)), context, mask, position_ids, labels))
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        loss = 0.0
-        for noise_embeds, context, mask, position_ids, labels in batches:
-            out = model(noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids,
-                        attention_mask={"full_attention": mask, "sliding_attention": mask})
-            logits = head(out.last_hidden_state.view(len(labels), block, -1)[:, 1:])
-            loss = loss + torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+
+    def block_loss(noise_embeds, context, mask, position_ids, labels):
+        out = model(noise_embeds=noise_embeds, context_hidden_states=context, position_ids=position_ids,
+                    attention_mask={"full_attention": mask, "sliding_attention": mask})
+        logits = head(out.last_hidden_state.view(len(labels), block, -1)[:, 1:])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    return _fit(model, model.parameters(), batches, block_loss, steps, lr)
+
+
+def distill_gemma4_assistant(assistant, target, sequences: list[torch.LongTensor], steps: int = 60, lr: float = 3e-3):
+    """Trains a Gemma 4 assistant (the target frozen) so that, at every position p of `sequences`, it predicts
+    x_{p+1} from the pair (target embedding of x_p, target last hidden state h_{p-1}) with the target's keys and values
+    of the tokens before p (cross-entropy), with full-batch Adam. The positions of one sequence are the rows of one
+    forward, each seeing only its own tokens (a padding mask), as `Gemma4AssistantDrafter` drafts.
+
+    `assistant` (`Gemma4AssistantForCausalLM`) is returned in eval mode; the other arguments are `distill_mtp`'s.
+    """
+    from ..drafters.gemma4_assistant import shared_layers
+
+    target.requires_grad_(False)
+    layers = shared_layers(target)
+    batches = []
+    with torch.no_grad():
+        for ids in sequences:
+            out = target(ids, output_hidden_states=True, return_shared_kv_states=True)
+            positions = torch.arange(1, ids.shape[1] - 1)  # p: a token before it, and one after it to predict
+            shared = {layer_type: tuple(t.expand(len(positions), -1, -1, -1) for t in out.shared_kv_states[layer_type])
+                      for layer_type in layers}
+            embeds = torch.cat([target.get_input_embeddings()(ids[0, positions]),
+                                out.hidden_states[-1][0, positions - 1]], dim=-1)[:, None]
+            mask = (torch.arange(ids.shape[1]) < positions[:, None]).long()
+            batches.append((embeds, positions[:, None], mask, shared, ids[0, positions + 1]))
+
+    def positions_loss(embeds, position_ids, mask, shared, labels):
+        logits = assistant(inputs_embeds=embeds, position_ids=position_ids, attention_mask=mask,
+                           shared_kv_states=shared, use_cache=False).logits[:, 0]
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+    return _fit(assistant, assistant.parameters(), batches, positions_loss, steps, lr)

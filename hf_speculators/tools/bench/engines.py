@@ -13,7 +13,7 @@ from .settings import BenchMethod
 
 # transformers' methods whose draft length is the assistant's generation_config (pinned); MTP's and DFlash's is the
 # model's own (its MTP layers, its block)
-PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip")
+PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip", "gemma4-assistant")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 
@@ -33,6 +33,8 @@ def generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeniz
     config = method.config
     if method.engine == "transformers" and config.method == "dflash":  # the drafter's checkpoint as the assistant
         return {"speculation_type": "dflash", "assistant_model": build_drafter(config, target).model}
+    if method.engine == "transformers" and config.method == "gemma4-assistant":  # its tokens: pinned_assistant_config
+        return {"assistant_model": build_drafter(config, target).module_for(target.device, target.dtype)}
     if method.engine == "transformers":
         universal = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if method.universal else {}
         if method.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy

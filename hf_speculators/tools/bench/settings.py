@@ -18,12 +18,12 @@ EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
 # target): run when asked for only
 METHODS = (*DEFAULT_METHODS, "hf-universal-assisted", "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
            *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS,
-           *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash")
+           *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash", "hf-gemma4-assistant")
 DRAFT_MODEL_METHODS = ("hf-assisted", "hf-universal-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
 # transformers' own methods, run as baselines: name -> the config method they correspond to
 TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
                         "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip", "hf-mtp": "mtp",
-                        "hf-dflash": "dflash"}
+                        "hf-dflash": "dflash", "hf-gemma4-assistant": "gemma4-assistant"}
 TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
 ENGINES = ("hf_speculators", "transformers")
 
@@ -32,15 +32,17 @@ ENGINES = ("hf_speculators", "transformers")
 class BenchMethod:
     """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
     transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
-    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`).
+    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`, `"hf-gemma4-assistant"`).
 
     Attributes:
         config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
             `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
             `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
             (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`),
-            or `"mtp"` (`use_mtp=True`) or `"dflash"` (`speculation_type="dflash"`, the DFlash checkpoint
-            `draft_model` as `assistant_model`), whose draft length is the model's own.
+            or `"gemma4-assistant"` (the assistant checkpoint `draft_model` as `assistant_model`, its
+            `num_assistant_tokens` pinned likewise), or `"mtp"` (`use_mtp=True`) or `"dflash"`
+            (`speculation_type="dflash"`, the DFlash checkpoint `draft_model` as `assistant_model`), whose draft length
+            is the model's own.
         engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
@@ -246,5 +248,8 @@ def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int
         return SpeculativeConfig("mtp")
     if method == "hf-dflash":
         return SpeculativeConfig("dflash", draft_model=options["dflash_model"])
+    if method == "hf-gemma4-assistant":
+        return SpeculativeConfig("gemma4-assistant", num_draft_tokens=num_draft_tokens,
+                                 draft_model=options["gemma4_assistant"])
     return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
                              confidence_threshold=options.get("confidence_threshold"))
