@@ -18,8 +18,8 @@ import time
 import torch
 
 from hf_speculators import PromptLookupDrafter
-from hf_speculators.tools.bench_batches import row_new_ids
-from hf_speculators.tools.bench import load_prompts
+from hf_speculators.tools.bench.batches import row_new_ids
+from hf_speculators.prompts import load_prompts
 from hf_speculators.cache import prepare_cache
 from hf_speculators.checks import left_padding
 from hf_speculators.loop import SpeculativeLoop

@@ -18,8 +18,7 @@ import torch
 
 import hf_speculators as hs
 from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
-from hf_speculators.tools.bench import load_prompts
-from hf_speculators.tools.chat import encode_prompt, use_chat_template
+from hf_speculators.prompts import encode_prompt, load_prompts, use_chat_template
 
 REWRITE = "Rewrite the following answer so that it is clearer, keeping its content:\n\n{answer}"
 

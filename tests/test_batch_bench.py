@@ -10,7 +10,7 @@ torch.set_num_threads(1)
 from test_benchmark import K, NEW_TOKENS, bench, draft, target, tokenizer  # noqa: E402, F401 (fixtures)
 
 from hf_speculators.tools import cli  # noqa: E402
-from hf_speculators.tools.bench_batches import make_batches, padding_overhead, row_new_ids, row_stats  # noqa: E402
+from hf_speculators.tools.bench.batches import make_batches, padding_overhead, row_new_ids, row_stats  # noqa: E402
 from hf_speculators.tools.bench import Prompt  # noqa: E402
 from hf_speculators.metrics import SpeculativeStats  # noqa: E402
 

@@ -12,7 +12,8 @@ torch.set_num_threads(1)
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
+from hf_speculators.tools import cli  # noqa: E402
+from hf_speculators.tools.bench import run as bench_run  # noqa: E402
 from hf_speculators.tools.bench import (  # noqa: E402
     DEFAULT_METHODS,
     EXIT_LAYER_METHODS,
@@ -23,6 +24,8 @@ from hf_speculators.tools.bench import (  # noqa: E402
     run_benchmark,
     summarize,
 )
+from hf_speculators.tools.bench.batches import Batch  # noqa: E402
+from hf_speculators.tools.bench.timing import TimedRun, timed_modules  # noqa: E402
 from hf_speculators.config.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
 from speculative_helpers import prompt_ids, speculative_generate  # noqa: E402
 from test_transformers_compat import DRAFT_CASES  # noqa: E402
@@ -240,7 +243,7 @@ def test_oracle_draft_is_fully_accepted_by_both_draft_methods(target, tokenizer,
 
 
 def test_mismatch_is_reported(target, draft, tokenizer, monkeypatch, capsys):
-    make_kwargs = benchmark._generate_kwargs
+    make_kwargs = bench_run.generate_kwargs
 
     def broken_prompt_lookup(method, *args):
         kwargs = make_kwargs(method, *args)
@@ -248,7 +251,7 @@ def test_mismatch_is_reported(target, draft, tokenizer, monkeypatch, capsys):
             kwargs["suppress_tokens"] = [t for t in range(target.config.vocab_size) if t != 5]
         return kwargs
 
-    monkeypatch.setattr(benchmark, "_generate_kwargs", broken_prompt_lookup)
+    monkeypatch.setattr(bench_run, "generate_kwargs", broken_prompt_lookup)
     result = bench(target, draft, tokenizer, methods=["prompt-lookup"])
     assert not result.ok
     assert [(r["method"], r["prompt_index"]) for r in result.mismatches] == [("prompt-lookup", 0), ("prompt-lookup", 1)]
@@ -339,20 +342,20 @@ def test_a_first_divergence_at_a_near_tie_is_not_a_mismatch_in_half_precision(dt
     if tied:  # the second-best token's output row made the best's: their logits tie exactly
         with torch.no_grad():
             model.lm_head.weight[second] = model.lm_head.weight[best]
-    batch = benchmark.Batch([0], prompt, None, [3], [False])
-    plain = benchmark._Run(torch.tensor([best, 9]), 1.0, 2, 0.5, None)
-    other = benchmark._Run(torch.tensor([second, 9]), 1.0, 2, 0.5, None)
-    assert benchmark._divergence(model, batch, 0, other, plain, exact=True) == expected
-    assert benchmark._divergence(model, batch, 0, plain, plain, exact=True) is None
-    assert benchmark._divergence(model, batch, 0, other, plain, exact=False) is None
+    batch = Batch([0], prompt, None, [3], [False])
+    plain = TimedRun(torch.tensor([best, 9]), 1.0, 2, 0.5, None)
+    other = TimedRun(torch.tensor([second, 9]), 1.0, 2, 0.5, None)
+    assert bench_run._divergence(model, batch, 0, other, plain, exact=True) == expected
+    assert bench_run._divergence(model, batch, 0, plain, plain, exact=True) is None
+    assert bench_run._divergence(model, batch, 0, other, plain, exact=False) is None
 
 
 @pytest.mark.parametrize("case", DRAFT_CASES)
 def test_the_bench_times_every_drafters_draft_forwards(zoo, case):
-    """`_timed_modules` holds what each drafter runs outside the target's forward (`Drafter.draft_modules`): the
+    """`timed_modules` holds what each drafter runs outside the target's forward (`Drafter.draft_modules`): the
     bench once missed MTP's, DFlash's and the hybrid's draft forwards (it looked for a few attribute names)."""
     target, drafter = DRAFT_CASES[case](zoo)
-    modules, depth, outside = benchmark._timed_modules(target, {"candidate_generator": drafter}), [0], []
+    modules, depth, outside = timed_modules(target, {"candidate_generator": drafter}), [0], []
 
     def enter(module, args):
         depth[0] += module is target

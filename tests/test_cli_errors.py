@@ -11,7 +11,8 @@ torch.set_num_threads(1)
 
 from tiny_models import build_draft, build_target, build_tokenizer  # noqa: E402
 
-from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
+from hf_speculators.tools import cli  # noqa: E402
+from hf_speculators.tools.bench import run as bench_run  # noqa: E402
 from hf_speculators.loading import DEMO_DRAFT  # noqa: E402
 
 
@@ -147,7 +148,7 @@ def test_a_failure_during_the_run_is_exit_status_1(files, monkeypatch, tmp_path,
     def broken(*args, **kwargs):
         raise RuntimeError("the kernel crashed")
 
-    monkeypatch.setattr(benchmark, "_timed_generate", broken)
+    monkeypatch.setattr(bench_run, "timed_generate", broken)
     status, err = run([part.format(root=tmp_path, **files) for part in BENCH], capsys)
     assert status == 1 and err.strip() == ("hf-speculators bench: failed: RuntimeError: the kernel crashed "
                                            "(--verbose shows the traceback)")
@@ -162,7 +163,7 @@ def test_the_deprecated_verification_flag_warns_and_works(files, capsys):
 def test_an_interrupted_bench_keeps_its_records_and_resume_finishes_it(files, monkeypatch, tmp_path, capsys):
     argv = [part.format(root=tmp_path, **files) for part in BENCH] + ["--methods", "prompt-lookup,draft-model"]
     out = tmp_path / "bench.jsonl"
-    timed, calls = benchmark._timed_generate, []
+    timed, calls = bench_run.timed_generate, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -170,14 +171,14 @@ def test_an_interrupted_bench_keeps_its_records_and_resume_finishes_it(files, mo
             raise KeyboardInterrupt
         return timed(*args, **kwargs)
 
-    monkeypatch.setattr(benchmark, "_timed_generate", interrupted)
+    monkeypatch.setattr(bench_run, "timed_generate", interrupted)
     status, err = run(argv, capsys)
     assert status == 130 and "rerun the same command with --resume" in err and "Traceback" not in err
     kept = [json.loads(line) for line in out.read_text().splitlines()]  # every line is a whole record
     assert [(r["prompt_index"], r["method"]) for r in kept] == [
         (0, "plain"), (0, "prompt-lookup"), (0, "draft-model"), (1, "plain")]
 
-    monkeypatch.setattr(benchmark, "_timed_generate", timed)
+    monkeypatch.setattr(bench_run, "timed_generate", timed)
     out.write_text(out.read_text() + '{"question_id": null, "prom')  # and a line cut by a killed process
     status, _ = run(argv + ["--resume"], capsys)
     records = [json.loads(line) for line in out.read_text().splitlines()]

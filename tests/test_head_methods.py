@@ -69,12 +69,12 @@ def test_the_bench_runs_every_head_method_exactly(target, heads, tmp_path):
 
 
 def test_the_bench_times_the_heads_as_draft_time(target, heads):
-    from hf_speculators.tools.bench import _timed_modules
+    from hf_speculators.tools.bench.timing import timed_modules
 
     eagle = make_drafter("eagle3", **heads)
     medusa = make_drafter("medusa", **heads)
-    assert any(module is eagle.head for module in _timed_modules(target, {"candidate_generator": eagle}))
-    assert any(module is medusa.heads for module in _timed_modules(target, {"candidate_generator": medusa}))
+    assert any(module is eagle.head for module in timed_modules(target, {"candidate_generator": eagle}))
+    assert any(module is medusa.heads for module in timed_modules(target, {"candidate_generator": medusa}))
 
 
 def test_make_drafter_builds_head_methods(heads):

@@ -12,7 +12,8 @@ from transformers import BitsAndBytesConfig, TorchAoConfig  # noqa: E402
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 import hf_speculators as hs  # noqa: E402
-from hf_speculators.tools import bench as benchmark, cli  # noqa: E402
+from hf_speculators.tools import cli  # noqa: E402
+from hf_speculators.tools.bench.timing import timed_modules  # noqa: E402
 from hf_speculators import quantization as hq  # noqa: E402
 from hf_speculators.loading import load_model  # noqa: E402
 from hf_speculators.config.methods import make_drafter  # noqa: E402
@@ -304,10 +305,10 @@ def test_a_config_without_draft_model_drafts_with_a_quantized_copy_of_the_target
 def test_bench_times_the_draft_model_each_method_runs(quantized_zoo):
     self_draft = make_drafter("self-draft-int8", target=quantized_zoo.model("llama"))
     target = assistant = quantized_zoo.model("llama")
-    assert benchmark._timed_modules(target, {"candidate_generator": self_draft}) == [target, self_draft.draft_model]
-    assert benchmark._timed_modules(target, {"assistant_model": assistant}) == [target, assistant]
-    assert benchmark._timed_modules(target, {"candidate_generator": hs.PromptLookupDrafter()}) == [target]
-    assert benchmark._timed_modules(target, {}) == [target]
+    assert timed_modules(target, {"candidate_generator": self_draft}) == [target, self_draft.draft_model]
+    assert timed_modules(target, {"assistant_model": assistant}) == [target, assistant]
+    assert timed_modules(target, {"candidate_generator": hs.PromptLookupDrafter()}) == [target]
+    assert timed_modules(target, {}) == [target]
 
 
 @pytest.fixture(scope="module")

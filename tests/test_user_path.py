@@ -28,7 +28,7 @@ from hf_speculators import loading  # noqa: E402
 from hf_speculators.config import build  # noqa: E402
 from hf_speculators.tools import cli  # noqa: E402
 from hf_speculators.tools.bench import BenchSettings, run_benchmark  # noqa: E402
-from hf_speculators.tools.chat import encode_prompt, use_chat_template  # noqa: E402
+from hf_speculators.prompts import encode_prompt, use_chat_template  # noqa: E402
 from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
 from hf_speculators.tools.bench import read_records  # noqa: E402

@@ -1,2 +1,2 @@
-"""The tools around the library: the `hf-speculators` command line, the benchmark, the sweep, plots and chat
-prompts. The library itself (`hf_speculators`) never imports them."""
+"""The tools around the library: the `hf-speculators` command line, the benchmark, the sweep and plots. The
+library itself (`hf_speculators`) never imports them; prompts and chat templates are `hf_speculators.prompts`."""

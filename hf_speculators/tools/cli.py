@@ -1,7 +1,8 @@
 """The `hf-speculators` command: `generate` streams speculative output and compares it with plain generate,
 `bench` compares methods on a prompt set, `sweep` measures the fidelity/acceptance trade-off of the relaxed
 verifiers, `plot` draws a saved bench run, `presets` lists the bundled presets, `export` prints the vLLM
-command of one and `env` the versions and device facts a bug report needs."""
+command of one and `env` the versions and device facts a bug report needs. This module runs the commands; their
+flags are `cli_parser`'s."""
 
 import argparse
 import sys
@@ -13,138 +14,26 @@ from transformers import TextStreamer
 
 from ..config import SpeculativeConfig, method_fields
 from ..config.build import build_drafter
-from ..config.methods import LOADED_DRAFT, METHODS, method_config
+from ..config.methods import LOADED_DRAFT, method_config
 from ..config.presets import bundled_card, bundled_presets, card_results
+from ..config.vllm_export import vllm_commands
 from ..decoding import enable
-from ..drafters.prompt_lookup import MATCH_RULES
-from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES, load_model, load_tokenizer, resolve_device, resolve_dtype
+from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
-from ..quantization import QUANTIZATIONS
-from ..schedules import SCHEDULES
-from .bench import BenchSettings, load_prompts, named_methods, read_records, run_benchmark
-from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
-from .bench import DRAFT_MODEL_METHODS
-from .bench import METHODS as BENCH_METHODS
-from .chat import encode_prompt, use_chat_template
+from ..prompts import encode_prompt, load_prompts, use_chat_template
+from .bench import DRAFT_MODEL_METHODS, BenchSettings, named_methods, read_records, run_benchmark
+from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
 from .env import run_env
 from .plots import plot_benchmark, pyplot
 from .quiet import quiet_third_party
 from .report import markdown_report
-from ..training.cli import add_training_commands
-from .sweep import (
-    DEFAULT_TOP_K_SETTINGS,
-    DEFAULT_TYPICAL_EPSILONS,
-    default_verifiers,
-    plot_sweep,
-    run_sweep,
-    sweep_table,
-)
-from ..config.vllm_export import vllm_commands
-from ..verifiers import VERIFIERS
+from .sweep import default_verifiers, plot_sweep, run_sweep, sweep_table
 
-DEFAULT_PRESET = "demo-hybrid"  # the fastest lossless demo preset, greedy and sampling (docs/benchmarks/model_free.md)
-DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
 DEFAULT_HEADS = {"eagle_head": DEMO_EAGLE3, "medusa_head": DEMO_MEDUSA}  # the head checkpoints of the demo target
-DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it
 # what bad input raises (a bad value, a missing or unreadable file, a device or Hub repo out of reach, a missing
 # extra): exit status 2; anything else raised during a run is a failure, exit status 1
 BAD_INPUT = (ValueError, TypeError, OSError, ImportError)
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line on stderr, naming the command and pointing to its help."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _number(kind, low=None, high=None, low_included=True, high_included=True):
-    """An argparse type: a `kind` (int or float) within the bounds, else a one-line error that states them."""
-    bounds = " and ".join(part for part in (
-        None if low is None else f"{'>=' if low_included else '>'} {low}",
-        None if high is None else f"{'<=' if high_included else '<'} {high}") if part)
-    expected = f"{'an integer' if kind is int else 'a number'}{' ' + bounds if bounds else ''}"
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        too_low = low is not None and (value < low if low_included else value <= low)
-        too_high = high is not None and (value > high if high_included else value >= high)
-        if too_low or too_high or value != value:  # value != value: NaN
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    parse.__name__ = expected  # argparse names the type in its messages
-    return parse
-
-
-POSITIVE_INT = _number(int, low=1)
-NON_NEGATIVE_INT = _number(int, low=0)
-PROBABILITY = _number(float, low=0, high=1, low_included=False)
-CONFIDENCE = _number(float, low=0, high=1, high_included=False)
-POSITIVE_FLOAT = _number(float, low=0, low_included=False)
-NON_NEGATIVE_FLOAT = _number(float, low=0)
-UNIT_INTERVAL = _number(float, low=0, high=1)
-
-
-def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
-    """Options shared by the commands. With `from_preset`, unset --model and --draft keep the preset's values."""
-    model_help, draft_help = ("the preset's", "the preset's") if from_preset else ("the demo target", "the demo draft")
-    parser.add_argument("--model", default=None if from_preset else DEMO_TARGET,
-                        help=f"target: local folder or Hub id (default: {model_help})")
-    parser.add_argument("--draft", default=None if from_preset else DEMO_DRAFT,
-                        help=f"draft model: local folder or Hub id (default: {draft_help})")
-    parser.add_argument("--num-draft-tokens", type=POSITIVE_INT, default=None,
-                        help="draft tokens per step (k); for tree methods the depth")
-    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=128)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=AUTO,
-                        help="auto (default): the checkpoint's dtype on a GPU, float32 on a CPU")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
-                        help="load the target quantized: int8 and int4 (torchao), nf4 (bitsandbytes), fp8 (torchao, "
-                             "CUDA GPUs of compute capability >= 8.9); needs the quantization extra")
-    parser.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
-                        help="load the draft model quantized (same modes as --quantization)")
-    parser.add_argument("--device", default=AUTO, help="auto (default): CUDA, then MPS, then the CPU")
-    parser.add_argument("--threads", type=POSITIVE_INT, default=threads,
-                        help=f"torch CPU threads (default: {threads or 'torch chooses'})")
-    _add_chat_options(parser)
-    _add_verbose_option(parser)
-
-
-def _add_verbose_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--verbose", action="store_true", help="let third-party logs, warnings and loading bars through (hidden by default), "
-                                         "and show an error's traceback")
-
-
-def _add_chat_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                        help="wrap the prompt in the tokenizer's chat template with a generation prompt (default: "
-                             "when the tokenizer has one, as instruct models do)")
-    parser.add_argument("--system", default=None, metavar="TEXT", help="a system turn before the prompt (--chat)")
-
-
-def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--num-draft-tokens-schedule", choices=sorted(SCHEDULES), default=None,
-                        help="each step's draft length: constant (--num-draft-tokens every step), heuristic "
-                             "(transformers' +2/-1 rule) or goodput (0 to --num-draft-tokens, the most tokens per "
-                             f"second measured during the call) (default: {default})")
-
-
-def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
-    parser.add_argument("--top-p", type=PROBABILITY, default=1.0)
-    parser.add_argument("--top-k", type=NON_NEGATIVE_INT, default=0, help="0 disables top-k filtering")
-    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="torch.manual_seed before each generate call")
-
-
-def _add_verifier_option(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--verifier", choices=sorted(VERIFIERS), default=None, help=f"default: {default}")
-    parser.add_argument("--verification", choices=sorted(VERIFIERS), default=None, dest="verification_alias",
-                        help=argparse.SUPPRESS)  # the former name, deprecated
 
 
 def _verifier(args) -> str | None:
@@ -156,208 +45,12 @@ def _verifier(args) -> str | None:
     return args.verifier or args.verification_alias
 
 
-def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None, default_medusa: str | None) -> None:
-    parser.add_argument("--eagle-head", default=default_eagle,
-                        help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
-    parser.add_argument("--medusa-head", default=default_medusa,
-                        help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
-    parser.add_argument("--dflash-model", default=None,
-                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target")
-    parser.add_argument("--gemma4-assistant", default=None,
-                        help="gemma4-assistant: the Gemma 4 assistant's checkpoint, made for the target "
-                             "(transformers >= 5.24)")
-
-
-def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
-    parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
-
-
-def _add_tree_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-candidates", type=POSITIVE_INT, default=None,
-                        help="prompt-lookup-tree: continuations merged into the trie (default 4)")
-    parser.add_argument("--tree-top-k", type=POSITIVE_INT, default=None,
-                        help="draft-model-tree: nodes expanded per depth and children per node (default 4)")
-    parser.add_argument("--tree-nodes", type=POSITIVE_INT, default=None, help="draft-model-tree: node budget (default 24)")
-
-
-def _add_model_free_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tree-depth", type=POSITIVE_INT, default=None,
-                        help="suffix, hybrid: the most tokens of a match and its draft together (default 24)")
-    parser.add_argument("--max-cached-requests", type=NON_NEGATIVE_INT, default=None,
-                        help="suffix, hybrid: earlier outputs the drafter remembers across calls (default 1000; 0: none)")
-    parser.add_argument("--max-spec-factor", type=NON_NEGATIVE_FLOAT, default=None,
-                        help="suffix, hybrid: draft tokens allowed per matched token (default 1.0)")
-    parser.add_argument("--min-token-prob", type=UNIT_INTERVAL, default=None,
-                        help="suffix, hybrid: the lowest frequency-estimated probability drafted (default 0.1)")
-    parser.add_argument("--window-size", type=POSITIVE_INT, default=None, help="lookahead: W, the window's columns (default 4)")
-    parser.add_argument("--ngram-size", type=POSITIVE_INT, default=None, help="lookahead: N, the n-gram length (default 3)")
-    parser.add_argument("--verification-set-size", type=POSITIVE_INT, default=None,
-                        help="lookahead: G, the most n-grams verified per step (default 4)")
-
-
-def _add_draft_vocab_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
-                        help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
-    parser.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=None,
-                        help="layer-skip: how many of the ranking's first ids draft (default: all)")
-
-
-def _typical_settings(text: str) -> list[float | tuple[float, float]]:
-    try:
-        return [tuple(map(float, item.split(":"))) if ":" in item else float(item)
-                for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated EPSILON or EPSILON:DELTA, got {text!r}") from None
-
-
-def _top_k_settings(text: str) -> list[tuple[int, float]]:
-    try:
-        return [(int(k), float(tolerance)) for k, tolerance in (item.split(":") for item in text.split(",") if item)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
-
-
-def _variant_list(text: str) -> list[tuple[int, str]]:
-    """`"1,2,goodput:6"` -> `[(1, "constant"), (2, "constant"), (6, "goodput")]`."""
-    try:
-        return [(int(item), "constant") if ":" not in item else (int(item.split(":")[1]), item.split(":")[0])
-                for item in text.split(",") if item.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated K or SCHEDULE:K items, got {text!r}") from None
-
-
-def _add_generate(commands) -> None:
-    gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
-    gen.add_argument("prompt")
-    gen.add_argument("--preset", default=DEFAULT_PRESET,
-                     help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
-                          "the flags below override its settings")
-    _add_model_options(gen, threads=None, from_preset=True)
-    _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
-    gen.add_argument("--method", choices=METHODS, default=None,
-                     help="default: the preset's (the same method names as bench and sweep)")
-    gen.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
-    gen.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
-                     help="layer-skip: stop drafting after a token less likely than this")
-    _add_draft_vocab_options(gen)
-    _add_tree_options(gen)
-    _add_model_free_options(gen)
-    _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
-    gen.add_argument("--max-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's longest n-gram")
-    gen.add_argument("--min-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's shortest n-gram")
-    _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
-    _add_sampling_options(gen)
-    gen.set_defaults(run=run_generate)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hf-speculators", description="Speculative decoding for transformers.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    _add_generate(commands)
-
-    bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
-    _add_prompt_options(bench)
-    _add_model_options(bench, threads=1, from_preset=False)
-    _add_schedule_option(bench, "constant")
-    bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
-                       help="run each of our methods once per item, side by side: K draft tokens every step, or "
-                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6); transformers' methods run once per K")
-    bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
-                       help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
-    bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
-    bench.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="hf-early-exit and layer-skip: the layers that draft")
-    bench.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
-                       help="hf-early-exit and layer-skip: stop drafting after a token less likely than this")
-    _add_draft_vocab_options(bench)
-    _add_tree_options(bench)
-    _add_model_free_options(bench)
-    _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(METHODS)})")
-    _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
-    _add_sampling_options(bench)
-    bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
-                       help="our prompt lookups' match rule among earlier occurrences (default: latest)")
-    bench.add_argument("--batch-size", type=POSITIVE_INT, default=1, metavar="B",
-                       help="prompts per generate call, grouped in order and left padded; each method runs per batch "
-                            "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
-    bench.add_argument("--out", default="bench_results/bench.jsonl",
-                       help="JSONL records, one per (prompt, method), each written as soon as it is measured")
-    bench.add_argument("--resume", action="store_true",
-                       help="continue the run recorded in --out (same methods, settings and prompts)")
-    bench.add_argument("--plot", default=None, metavar="FILE.png",
-                       help="also draw speedup and mean acceptance length per method and category (matplotlib)")
-    bench.set_defaults(run=run_bench)
-
-    sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
-    _add_prompt_options(sweep)
-    _add_model_options(sweep, threads=1, from_preset=False)
-    sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
-    sweep.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
-    _add_tree_options(sweep)
-    _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
-    _add_sampling_options(sweep)
-    sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,
-                       default=list(DEFAULT_TYPICAL_EPSILONS),
-                       help="typical settings: EPSILON (delta = sqrt(epsilon)) or EPSILON:DELTA (comma-separated)")
-    sweep.add_argument("--top-k-settings", type=_top_k_settings, default=list(DEFAULT_TOP_K_SETTINGS),
-                       help="top_k settings: TOP_K:TOLERANCE pairs, tolerance in nats (comma-separated)")
-    sweep.add_argument("--out", default="bench_results/sweep.jsonl",
-                       help="JSONL records, one per (prompt, setting), each written as soon as it is measured")
-    sweep.add_argument("--resume", action="store_true",
-                       help="continue the sweep recorded in --out (same method, settings and prompts)")
-    sweep.add_argument("--plot", default="bench_results/sweep.png", help="where to save the figure (matplotlib)")
-    sweep.add_argument("--no-plot", action="store_true", help="print the table only")
-    sweep.set_defaults(run=run_sweep_command)
-
-    _add_plot(commands)
-    _add_report(commands)
-    _add_presets(commands)
-    _add_export(commands)
-    add_training_commands(commands)
-    env = commands.add_parser("env", help="print the versions and device facts a bug report needs")
-    env.set_defaults(run=run_env)
-    return parser
-
-
-def _add_plot(commands) -> None:
-    plot = commands.add_parser("plot", help="draw a saved bench run (its JSONL records)")
-    plot.add_argument("records", help="the JSONL file of hf-speculators bench --out")
-    plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
-    _add_verbose_option(plot)
-    plot.set_defaults(run=run_plot)
-
-
-def _add_report(commands) -> None:
-    report = commands.add_parser("report", help="print a saved bench run (its JSONL records) as Markdown tables")
-    report.add_argument("records", help="the JSONL file of hf-speculators bench --out")
-    _add_verbose_option(report)
-    report.set_defaults(run=run_report)
-
-
-def _add_presets(commands) -> None:
-    presets = commands.add_parser("presets", help="list the bundled presets (model cards) and their measured speed")
-    presets.set_defaults(run=run_presets)
-    _add_verbose_option(presets)
-    show = presets.add_subparsers(dest="presets_command").add_parser("show", help="print a preset's whole card")
-    show.add_argument("name", help="a bundled preset (hf-speculators presets lists them)")
-    show.set_defaults(run=run_presets_show)
-
-
-def _add_export(commands) -> None:
-    export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
-    export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
-    export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
-    _add_verbose_option(export)
-    export.add_argument("--out", default=None, help="Medusa heads: where to write them in vLLM's layout")
-    export.set_defaults(run=run_export)
-
-
 def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
     names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
              "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
-             "dflash_model", "gemma4_assistant", "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob",
-             "window_size", "ngram_size", "verification_set_size")
+             "dflash_model", "gemma4_assistant", "max_tree_depth", "max_cached_requests", "max_spec_factor",
+             "min_token_prob", "window_size", "ngram_size", "verification_set_size")
     return {name: getattr(args, name, None) for name in names}
 
 
@@ -474,6 +167,13 @@ def _bench_settings(args) -> BenchSettings:
                          num_threads=args.threads, out_path=args.out, resume=args.resume)
 
 
+def _interrupted(args) -> int:
+    """Says where the records of an interrupted `bench` or `sweep` are and how to continue; its exit status."""
+    print(f"hf-speculators {args.command}: interrupted; the records measured so far are in {args.out}: rerun the same "
+          "command with --resume to continue.", file=sys.stderr)
+    return INTERRUPTED
+
+
 def run_bench(args) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.draft_vocab_size is not None and args.draft_vocab is None:
@@ -493,9 +193,7 @@ def run_bench(args) -> int:
         result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft,
                                draft_tokenizer=draft_tokenizer)
     except KeyboardInterrupt:
-        print(f"hf-speculators bench: interrupted; the records measured so far are in {args.out}: rerun the same "
-              "command with --resume to continue.", file=sys.stderr)
-        return INTERRUPTED
+        return _interrupted(args)
     print(f"records: {args.out}")
     if args.plot is not None:
         plot_benchmark(result.records, args.plot)
@@ -518,9 +216,7 @@ def run_sweep_command(args) -> int:
     try:
         points = run_sweep(target, tokenizer, prompts, drafter, verifiers, settings)
     except KeyboardInterrupt:
-        print(f"hf-speculators sweep: interrupted; the records measured so far are in {args.out}: rerun the same "
-              "command with --resume to continue.", file=sys.stderr)
-        return INTERRUPTED
+        return _interrupted(args)
     print(sweep_table(points))
     print(f"records: {args.out}")
     if not args.no_plot:
@@ -609,6 +305,15 @@ def _fail(args, error: BaseException, status: int) -> int:
         hint = "" if getattr(args, "verbose", False) else " (--verbose shows the traceback)"
         print(f"hf-speculators {args.command}: failed: {type(error).__name__}: {message}{hint}", file=sys.stderr)
     return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `hf-speculators` parser (`cli_parser.command_parser`), each command bound to its function here."""
+    return command_parser({
+        "generate": run_generate, "bench": run_bench, "sweep": run_sweep_command, "plot": run_plot,
+        "report": run_report, "presets": run_presets, "presets show": run_presets_show, "export": run_export,
+        "env": run_env,
+    })
 
 
 def main(argv: list[str] | None = None) -> int:

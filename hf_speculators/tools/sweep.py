@@ -23,13 +23,12 @@ from typing import Sequence
 
 import torch
 
-from .bench import (
-    BenchSettings, Prompt, RecordWriter, _digest, _encode, _num_threads, _prompt_budget, _timed_generate_one,
-)
 from ..decoding import generate
 from ..drafters import Drafter
+from ..prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
+from .bench import BenchSettings, RecordWriter
+from .bench.timing import timed_generate_one, torch_threads
 from ..verifiers import ExactVerifier, RejectionVerifier, TopKVerifier, TypicalVerifier, Verifier
-from .chat import use_chat_template
 from .plots import pyplot
 
 SUMMED_FIELDS = ("new_tokens", "seconds", "num_drafts", "num_accepted_tokens", "log_likelihood", "identical_tokens",
@@ -165,24 +164,24 @@ def run_sweep(
     prompts = [Prompt(p) if isinstance(p, str) else p for p in prompts]
     if not prompts:
         raise ValueError("No prompts to sweep: pass at least one (see load_prompts).")
-    budget = _prompt_budget((target,), settings.max_prompt_tokens, settings.max_new_tokens)
-    encoded = [_encode(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)[0]
+    budget = prompt_budget((target,), settings.max_prompt_tokens, settings.max_new_tokens)
+    encoded = [encode_truncated(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)[0]
                for p in prompts]
     kwargs = {v: {"custom_generate": generate, "candidate_generator": drafter, "verifier": v} for v in verifiers}
     run_key = json.loads(json.dumps({
         "settings": settings.recorded(), "methods": {repr(v): {} for v in verifiers}, "drafter": repr(drafter),
-        "prompts": _digest(prompts), "skipped_methods": {}}))
-    with _num_threads(settings.num_threads), RecordWriter(settings.out_path, run_key, settings.resume) as writer:
+        "prompts": prompts_fingerprint(prompts), "skipped_methods": {}}))
+    with torch_threads(settings.num_threads), RecordWriter(settings.out_path, run_key, settings.resume) as writer:
         done = {r["prompt_index"] for r in writer.done}
         records: dict[str, list[dict]] = {repr(v): [r for r in writer.done if r["verifier"] == repr(v)]
                                           for v in verifiers}
         todo = [index for index in range(len(prompts)) if index not in done]
         for verifier_kwargs in kwargs.values() if todo else ():  # warm-up, untimed
-            _timed_generate_one(target, encoded[todo[0]], verifier_kwargs, settings)
+            timed_generate_one(target, encoded[todo[0]], verifier_kwargs, settings)
         for index in todo:
             reference_ids = None
             for verifier, verifier_kwargs in kwargs.items():
-                run = _timed_generate_one(target, encoded[index], verifier_kwargs, settings)
+                run = timed_generate_one(target, encoded[index], verifier_kwargs, settings)
                 reference_ids = run.new_ids if reference_ids is None else reference_ids
                 log_likelihood = _log_likelihood(target, encoded[index], run.new_ids)
                 record = _record(index, verifier, run, reference_ids, log_likelihood, run_key)

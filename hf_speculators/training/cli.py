@@ -6,10 +6,9 @@ import json
 
 import torch
 
-from ..tools.bench import load_prompts
-from ..tools.chat import encode_prompt, use_chat_template
 from ..config import SpeculativeConfig
 from ..loading import DTYPES, load_model, load_tokenizer
+from ..prompts import encode_prompt, load_prompts, use_chat_template
 from .evaluate import measure_acceptance, pad_id
 
 SAVE_DTYPES = {name: DTYPES[name] for name in ("float32", "bfloat16", "float16")}

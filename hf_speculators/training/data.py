@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from datasets import Dataset, load_dataset
 
-from ..tools.chat import encode_prompt
+from ..prompts import encode_prompt
 from .evaluate import pad_id
 
 PROMPT_FIELDS = ("prompt", "turns", "question", "instruction", "messages", "conversations")
@@ -141,7 +141,7 @@ def regenerate(target, tokenizer, texts: list[Text], *, max_new_tokens: int = 12
         texts (`list[Text]`): from `load_texts`.
         max_new_tokens (`int`, defaults to 128): the longest response.
         prompt_tokens (`int`, defaults to 64): the prompt length cut from a document.
-        chat (`bool`): wrap prompts in the chat template (`hf_speculators.tools.chat.use_chat_template` decides).
+        chat (`bool`): wrap prompts in the chat template (`hf_speculators.prompts.use_chat_template` decides).
         batch_size (`int`, defaults to 16): prompts per `generate` call.
         do_sample (`bool`): sample with the target's generation config (greedy by default, as greedy serving runs).
         seed (`int`): seeds the prompt cuts and sampling.

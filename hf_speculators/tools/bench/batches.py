@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..metrics import SpeculativeStats
+from ...metrics import SpeculativeStats
 
 
 @dataclass(frozen=True)

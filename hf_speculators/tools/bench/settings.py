@@ -1,0 +1,255 @@
+"""The benchmark's settings: the method names it knows, a method to run (`BenchMethod`), how every method runs
+(`BenchSettings`) and the methods of the command line's names (`named_methods`)."""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ...config import SpeculativeConfig
+from ...config import methods as speculative_methods
+from ...config.methods import LOADED_DRAFT
+from ...schedules import check_schedule
+
+DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
+                   "draft-model-tree")
+EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
+# the model-free methods beyond prompt lookup, the exit-layer methods (they need exit_layer=), the self-draft ones
+# (a quantization library; "self-draft-fp8" a GPU) and the head methods (a draft head checkpoint made for the
+# target): run when asked for only
+METHODS = (*DEFAULT_METHODS, "hf-universal-assisted", "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
+           *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS,
+           *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash", "hf-gemma4-assistant")
+DRAFT_MODEL_METHODS = ("hf-assisted", "hf-universal-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
+# transformers' own methods, run as baselines: name -> the config method they correspond to
+TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
+                        "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip", "hf-mtp": "mtp",
+                        "hf-dflash": "dflash", "hf-gemma4-assistant": "gemma4-assistant"}
+TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
+ENGINES = ("hf_speculators", "transformers")
+
+
+@dataclass(frozen=True)
+class BenchMethod:
+    """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
+    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
+    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`, `"hf-gemma4-assistant"`).
+
+    Attributes:
+        config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
+            `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
+            `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
+            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`),
+            or `"gemma4-assistant"` (the assistant checkpoint `draft_model` as `assistant_model`, its
+            `num_assistant_tokens` pinned likewise), or `"mtp"` (`use_mtp=True`) or `"dflash"`
+            (`speculation_type="dflash"`, the DFlash checkpoint `draft_model` as `assistant_model`), whose draft length
+            is the model's own.
+        engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
+        universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
+            universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
+            passed; string-level exact matching when greedy, token-level intersection when sampling).
+
+    Raises:
+        `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
+    """
+
+    config: SpeculativeConfig
+    engine: str = "hf_speculators"
+    universal: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.config, SpeculativeConfig):
+            raise TypeError(f"BenchMethod.config must be a SpeculativeConfig, got {type(self.config).__name__}.")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
+        if self.engine == "transformers" and self.config.method not in TRANSFORMERS_KEYWORDS:
+            raise ValueError(f"transformers' assisted generation has no method {self.config.method!r}: choose one of "
+                             f"{sorted(TRANSFORMERS_KEYWORDS)}.")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How `run_benchmark` runs every method: lengths, sampling, prompts, threads and where records go.
+
+    Args:
+        max_new_tokens (`int`, defaults to 128): tokens to generate per call (fewer if EOS comes first), >= 1.
+        max_prompt_tokens (`int`, defaults to 1024): longer prompts keep their last tokens (lowered further so that
+            prompt plus `max_new_tokens` fit the models' `max_position_embeddings`); recorded as `truncated`.
+        batch_size (`int`, defaults to 1): prompts per generate call (see `run_benchmark`), >= 1.
+        do_sample (`bool`, defaults to `False`): sample instead of greedy decoding, every method alike. Under
+            sampling no output is compared token for token (records have `exact=False`): speed and acceptance are
+            what is measured.
+        temperature (`float`, defaults to 1.0), top_p (`float`, defaults to 1.0), top_k (`int`, defaults to 0: off):
+            the sampling warpers, as for `generate` (> 0, in (0, 1], >= 0).
+        seed (`int`, defaults to 0): `torch.manual_seed(seed)` before every generate call, so that every method of
+            a prompt starts from the same random state.
+        chat_template (`bool`, *optional*, defaults to `False`): wrap each prompt as a user turn with the
+            tokenizer's chat template (`add_generation_prompt=True`); `None`: when the tokenizer has one.
+        system_prompt (`str`, *optional*): a system turn before each prompt (needs the chat template).
+        num_threads (`int`, *optional*, defaults to 1): torch CPU threads during the run (restored afterwards);
+            `None` leaves the setting alone.
+        verbose (`bool`, defaults to `True`): a tqdm progress bar, and the summary table and any mismatches printed.
+        out_path (`str` or `Path`, *optional*): JSONL file of the records, each written (and flushed) as soon as it
+            is measured, so that an interrupted run leaves a valid file of everything measured so far.
+        resume (`bool`, defaults to `False`): continue the run recorded in `out_path` (same methods, settings and
+            prompts): batches whose records are all there are kept and skipped, a batch cut short is run again.
+
+    Raises:
+        `ValueError`: a value out of range or of the wrong type, naming the field.
+    """
+
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 1024
+    batch_size: int = 1
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat_template: bool | None = False
+    system_prompt: str | None = None
+    num_threads: int | None = 1
+    verbose: bool = True
+    out_path: str | Path | None = None
+    resume: bool = False
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "num_threads"):
+            value = getattr(self, name)
+            if (value is not None or name != "num_threads") and not _is_int(value, low=1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if not _is_int(self.top_k, low=0) or not _is_int(self.seed, low=0):
+            raise ValueError(f"top_k and seed must be integers >= 0, got {self.top_k!r} and {self.seed!r}.")
+        if not _is_number(self.temperature) or not self.temperature > 0:
+            raise ValueError(f"temperature must be a number > 0, got {self.temperature!r}.")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}.")
+        for name in ("do_sample", "verbose", "resume"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
+        if self.resume and self.out_path is None:
+            raise ValueError("resume=True continues the records of out_path: set out_path as well.")
+
+    def sampling(self) -> dict:
+        """The `generate` keywords of the decoding mode: greedy, or sampling with its warpers."""
+        if not self.do_sample:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+    def recorded(self) -> dict:
+        """The settings that define the measurements (those a resumed run must share), for the provenance."""
+        return {name: value for name, value in asdict(self).items() if name not in ("verbose", "out_path", "resume")}
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def named_methods(
+    names: Sequence[str],
+    *,
+    variants: Sequence[tuple[int, str]] | None = None,
+    num_draft_tokens: int = 5,
+    max_ngram_size: int = 2,
+    verification: str | None = None,
+    num_draft_tokens_schedule: str | None = None,
+    draft_model: str | None = None,
+    **options,
+) -> dict[str, BenchMethod]:
+    """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
+    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.config.methods.METHODS`.
+
+    Args:
+        names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
+        variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
+            then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
+            once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
+        num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
+        max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
+        verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
+            decoding, rejection when sampling.
+        num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (default `"constant"`).
+        draft_model (`str`, *optional*): the draft model's name or path (`run_benchmark(draft=...)` passes the loaded
+            one); default `"<loaded draft model>"`.
+        **options: the other arguments of `hf_speculators.config.methods.method_config` (`prefer`, `num_candidates`,
+            `tree_top_k`, `tree_nodes`, `exit_layer`, `confidence_threshold`, `draft_vocab`, `draft_vocab_size`,
+            `eagle_head`, `medusa_head`).
+
+    Returns:
+        `dict[str, BenchMethod]`: benchmark label -> method.
+
+    Raises:
+        `ValueError`: an unknown name (listing `METHODS`), an exit-layer method without `exit_layer`, a head method
+            without its checkpoint, or settings a config refuses (naming the field).
+    """
+    unknown = sorted(set(names) - set(METHODS))
+    if unknown:
+        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
+    draft_model = draft_model or LOADED_DRAFT
+    needs_exit = [m for m in names if m in EXIT_LAYER_METHODS]
+    if needs_exit and options.get("exit_layer") is None:
+        raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
+    for method in names:
+        option = speculative_methods.CHECKPOINT_OPTIONS.get(method.removeprefix("hf-"))
+        if option is not None and options.get(option) is None:
+            raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
+    chosen = {}
+    for method in (m for m in METHODS if m in names and m != "plain"):
+        if method in TRANSFORMERS_METHODS:
+            for label, k in _baseline_variants(method, num_draft_tokens, variants):
+                config = _transformers_config(method, k, max_ngram_size, draft_model, options)
+                chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
+            continue
+        for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
+            config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
+                                                       max_ngram_size=max_ngram_size, **options)
+            extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
+            chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
+    return chosen
+
+
+def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
+    """The benchmark name of `method` run with `num_draft_tokens` under `schedule`, e.g. `draft-model[k=3]` or
+    `draft-model[goodput,k<=6]` (the bound) or `draft-model[heuristic,k=5]` (the starting length)."""
+    if schedule == "constant":
+        return f"{method}[k={num_draft_tokens}]"
+    return f"{method}[{schedule},k{'<=' if schedule == 'goodput' else '='}{num_draft_tokens}]"
+
+
+def _variants(method: str, num_draft_tokens: int, schedule: str | None, variants) -> list[tuple[str, int, str | None]]:
+    """`(label, num_draft_tokens, schedule)` of each run of our `method`: one per variant when `variants` is given,
+    else the method itself with the run's settings."""
+    if variants is None:
+        return [(method, num_draft_tokens, schedule)]
+    return [(variant_label(method, k, check_schedule(name)), k, name) for k, name in variants]
+
+
+def _baseline_variants(method: str, num_draft_tokens: int, variants) -> list[tuple[str, int]]:
+    """`(label, num_draft_tokens)` of each run of transformers' `method`: one per constant variant (transformers'
+    methods run pinned to a constant length, so a schedule variant has no counterpart there), else the method itself
+    with `num_draft_tokens`."""
+    constant = [k for k, schedule in variants or () if check_schedule(schedule) == "constant"]
+    if not constant:
+        return [(method, num_draft_tokens)]
+    return [(variant_label(method, k, "constant"), k) for k in constant]
+
+
+def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int, draft_model: str,
+                         options: dict) -> SpeculativeConfig:
+    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`)."""
+    if method == "hf-prompt-lookup":
+        return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
+    if method in ("hf-assisted", "hf-universal-assisted"):
+        return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
+    if method == "hf-mtp":
+        return SpeculativeConfig("mtp")
+    if method == "hf-dflash":
+        return SpeculativeConfig("dflash", draft_model=options["dflash_model"])
+    if method == "hf-gemma4-assistant":
+        return SpeculativeConfig("gemma4-assistant", num_draft_tokens=num_draft_tokens,
+                                 draft_model=options["gemma4_assistant"])
+    return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
+                             confidence_threshold=options.get("confidence_threshold"))

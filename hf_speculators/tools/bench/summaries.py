@@ -1,0 +1,148 @@
+"""The benchmark's summaries: records pooled into figures per category and method (`summarize`), and what
+`run_benchmark` returns (`BenchmarkResult`) with its plain-text tables."""
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ...metrics import SpeculativeStats
+from .batches import padding_overhead
+
+# how each summary figure is written, in the bench's tables and in `hf-speculators report`
+FIGURE_FORMATS = {
+    "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
+    "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
+    "mean_draft_length": "{:.2f}",
+}
+
+
+@dataclass
+class BenchmarkResult:
+    """What `run_benchmark` measured.
+
+    Attributes:
+        records (`list[dict]`): one record per (prompt, method), in the format of `hf_speculators.tools.bench.records`.
+        summary (`dict[str, dict[str, dict]]`): `summarize(records)`: category (and `"all"`) -> method -> figures.
+        mismatches (`list[dict]`): the records of exact methods whose output differs from plain greedy decoding.
+        skipped (`dict[str, str]`): methods that did not run, and why (with `batch_size > 1`: those that cannot
+            run a batch).
+        near_ties (`list[dict]`): the records of exact methods whose half-precision output first differs from plain
+            greedy decoding's at a near-tie of the target's top-2 logits (not failures).
+    """
+
+    records: list[dict]
+    summary: dict[str, dict[str, dict]]
+    mismatches: list[dict]
+    skipped: dict[str, str] = field(default_factory=dict)
+    near_ties: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """`True` when every exact method reproduced plain greedy decoding on every prompt, near-ties in half
+        precision aside (exit status 0)."""
+        return not self.mismatches
+
+    def table(self) -> str:
+        """The summary as plain-text tables, one block per figure, rows per category, columns per method."""
+        methods = list(self.summary["all"])
+        blocks = [
+            ("tokens/s (total new tokens / total seconds)", "tokens_per_s"),
+            ("speedup vs plain (ratio of tokens/s)", "speedup"),
+            ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
+             "mean_acceptance_length"),
+            ("identical-output rate (generated ids equal plain greedy's)", "identical_rate"),
+            ("share of wall time outside model forwards", "outside_forwards"),
+            ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio"),
+            ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length"),
+        ]
+        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks]
+        per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
+        lines += ["acceptance rate per draft position (all prompts)"] + [
+            f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
+        ]
+        padding = padding_overhead(self.records)
+        if padding is not None:
+            lines.append(f"padding (plain batched): {padding['prompt_padding']:.1%} of prompt slots are left padding, "
+                         f"{padding['finished_rows']:.1%} of decoding row-steps run rows that had finished")
+        lines += [f"skipped {method}: {reason}" for method, reason in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _format_block(title: str, summary: dict, methods: list[str], key: str, fmt: str) -> str:
+    width = max(len(c) for c in summary) + 2
+    columns = [max(len(m), 8) + 2 for m in methods]
+    rows = [title, "category".ljust(width) + "".join(m.rjust(w) for m, w in zip(methods, columns))]
+    for category, by_method in summary.items():
+        cells = [by_method[m][key] for m in methods]
+        rows.append(category.ljust(width) + "".join(
+            ("-" if v is None else fmt.format(v)).rjust(w) for v, w in zip(cells, columns)))
+    return "\n".join(rows) + "\n"
+
+
+def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """Pools per-(prompt, method) records into figures per category and method.
+
+    Throughput is total new tokens over total seconds (not a mean of per-prompt rates); speedup is a method's
+    throughput over plain's in the same category; acceptance figures pool the counts of all prompts
+    (`SpeculativeStats` formulas).
+
+    Args:
+        records (`Sequence[dict]`): records as `run_benchmark` writes them (e.g. read back from its JSONL file).
+
+    Returns:
+        `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
+        "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
+        "mean_draft_length", "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
+        records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
+        time per draft token over plain decoding's time per token (Leviathan et al.'s c).
+    """
+    categories = sorted({r["category"] for r in records} - {"all"})
+    groups = {c: [r for r in records if r["category"] == c] for c in categories} | {"all": list(records)}
+    return {category: _summarize_group(group) for category, group in groups.items()}
+
+
+def _summarize_group(records: list[dict]) -> dict[str, dict]:
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    summary = {m: _summarize_method([r for r in records if r["method"] == m]) for m in methods}
+    plain = summary.get("plain", {}).get("tokens_per_s")
+    for figures in summary.values():
+        figures["speedup"] = figures["tokens_per_s"] / plain if plain else None
+        per_token = figures.pop("draft_seconds_per_token")
+        figures["draft_cost_ratio"] = per_token * plain if plain and per_token is not None else None
+    return summary
+
+
+def _summarize_method(records: list[dict]) -> dict:
+    new_tokens, seconds = sum(r["new_tokens"] for r in records), sum(r["seconds"] for r in records)
+    with_stats = [r for r in records if r["num_drafts"] is not None]
+    pooled = SpeculativeStats(
+        num_drafts=sum(r["num_drafts"] for r in with_stats),
+        num_accepted_tokens=sum(r["num_accepted_tokens"] for r in with_stats),
+        drafted_per_position=_sum_lists(r["drafted_per_position"] for r in with_stats),
+        accepted_per_position=_sum_lists(r["accepted_per_position"] for r in with_stats),
+    )
+    num_drafted_tokens = sum(r["num_drafted_tokens"] for r in with_stats)
+    draft_lengths = _sum_lists(r.get("draft_lengths") or [] for r in with_stats)
+    return {
+        "num_prompts": len(records),
+        "new_tokens": new_tokens,
+        "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_drafted_tokens
+        if num_drafted_tokens else None,
+        "seconds": seconds,
+        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
+        "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
+        "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
+        "mean_draft_length": sum(k * n for k, n in enumerate(draft_lengths)) / sum(draft_lengths)
+        if draft_lengths else None,
+        "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
+    }
+
+
+def _sum_lists(lists) -> list[int]:
+    """Element-wise sum of integer lists of different lengths."""
+    total: list[int] = []
+    for values in lists:
+        total += [0] * (len(values) - len(total))
+        for i, value in enumerate(values):
+            total[i] += value
+    return total

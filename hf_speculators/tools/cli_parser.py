@@ -1,0 +1,313 @@
+"""The `hf-speculators` command line's parser: every command and its flags, their types, defaults and help, and
+usage errors as one line. The commands' functions are in `hf_speculators.tools.cli`, which binds them."""
+
+import argparse
+from typing import Callable, Mapping
+
+from ..config.methods import METHODS
+from ..drafters.prompt_lookup import MATCH_RULES
+from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
+from ..quantization import QUANTIZATIONS
+from ..schedules import SCHEDULES
+from ..training.cli import add_training_commands
+from ..verifiers import VERIFIERS
+from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
+from .bench import METHODS as BENCH_METHODS
+from .sweep import DEFAULT_TOP_K_SETTINGS, DEFAULT_TYPICAL_EPSILONS
+
+DEFAULT_PRESET = "demo-hybrid"  # the fastest lossless demo preset, greedy and sampling (docs/benchmarks/model_free.md)
+DEMO_EAGLE3, DEMO_MEDUSA = "hf_speculators/demo-eagle3", "hf_speculators/demo-medusa"
+DEFAULT_GENERATE_SCHEDULE = "goodput"  # `generate`'s draft-length schedule when neither the flag nor the preset sets one
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr, naming the command and pointing to its help."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, low=None, high=None, low_included=True, high_included=True):
+    """An argparse type: a `kind` (int or float) within the bounds, else a one-line error that states them."""
+    bounds = " and ".join(part for part in (
+        None if low is None else f"{'>=' if low_included else '>'} {low}",
+        None if high is None else f"{'<=' if high_included else '<'} {high}") if part)
+    expected = f"{'an integer' if kind is int else 'a number'}{' ' + bounds if bounds else ''}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        too_low = low is not None and (value < low if low_included else value <= low)
+        too_high = high is not None and (value > high if high_included else value >= high)
+        if too_low or too_high or value != value:  # value != value: NaN
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT = _number(int, low=1)
+NON_NEGATIVE_INT = _number(int, low=0)
+PROBABILITY = _number(float, low=0, high=1, low_included=False)
+CONFIDENCE = _number(float, low=0, high=1, high_included=False)
+POSITIVE_FLOAT = _number(float, low=0, low_included=False)
+NON_NEGATIVE_FLOAT = _number(float, low=0)
+UNIT_INTERVAL = _number(float, low=0, high=1)
+
+
+def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
+    """Options shared by the commands. With `from_preset`, unset --model and --draft keep the preset's values."""
+    model_help, draft_help = ("the preset's", "the preset's") if from_preset else ("the demo target", "the demo draft")
+    parser.add_argument("--model", default=None if from_preset else DEMO_TARGET,
+                        help=f"target: local folder or Hub id (default: {model_help})")
+    parser.add_argument("--draft", default=None if from_preset else DEMO_DRAFT,
+                        help=f"draft model: local folder or Hub id (default: {draft_help})")
+    parser.add_argument("--num-draft-tokens", type=POSITIVE_INT, default=None,
+                        help="draft tokens per step (k); for tree methods the depth")
+    parser.add_argument("--max-new-tokens", type=POSITIVE_INT, default=128)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=AUTO,
+                        help="auto (default): the checkpoint's dtype on a GPU, float32 on a CPU")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default=None,
+                        help="load the target quantized: int8 and int4 (torchao), nf4 (bitsandbytes), fp8 (torchao, "
+                             "CUDA GPUs of compute capability >= 8.9); needs the quantization extra")
+    parser.add_argument("--draft-quantization", choices=QUANTIZATIONS, default=None,
+                        help="load the draft model quantized (same modes as --quantization)")
+    parser.add_argument("--device", default=AUTO, help="auto (default): CUDA, then MPS, then the CPU")
+    parser.add_argument("--threads", type=POSITIVE_INT, default=threads,
+                        help=f"torch CPU threads (default: {threads or 'torch chooses'})")
+    _add_chat_options(parser)
+    _add_verbose_option(parser)
+
+
+def _add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true", help="let third-party logs, warnings and loading bars through (hidden by default), "
+                                         "and show an error's traceback")
+
+
+def _add_chat_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap the prompt in the tokenizer's chat template with a generation prompt (default: "
+                             "when the tokenizer has one, as instruct models do)")
+    parser.add_argument("--system", default=None, metavar="TEXT", help="a system turn before the prompt (--chat)")
+
+
+def _add_schedule_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--num-draft-tokens-schedule", choices=sorted(SCHEDULES), default=None,
+                        help="each step's draft length: constant (--num-draft-tokens every step), heuristic "
+                             "(transformers' +2/-1 rule) or goodput (0 to --num-draft-tokens, the most tokens per "
+                             f"second measured during the call) (default: {default})")
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=1.0)
+    parser.add_argument("--top-p", type=PROBABILITY, default=1.0)
+    parser.add_argument("--top-k", type=NON_NEGATIVE_INT, default=0, help="0 disables top-k filtering")
+    parser.add_argument("--seed", type=NON_NEGATIVE_INT, default=0, help="torch.manual_seed before each generate call")
+
+
+def _add_verifier_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--verifier", choices=sorted(VERIFIERS), default=None, help=f"default: {default}")
+    parser.add_argument("--verification", choices=sorted(VERIFIERS), default=None, dest="verification_alias",
+                        help=argparse.SUPPRESS)  # the former name, deprecated
+
+
+def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None, default_medusa: str | None) -> None:
+    parser.add_argument("--eagle-head", default=default_eagle,
+                        help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
+    parser.add_argument("--medusa-head", default=default_medusa,
+                        help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
+    parser.add_argument("--dflash-model", default=None,
+                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target")
+    parser.add_argument("--gemma4-assistant", default=None,
+                        help="gemma4-assistant: the Gemma 4 assistant's checkpoint, made for the target "
+                             "(transformers >= 5.24)")
+
+
+def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
+
+
+# (flag, type, help) of the tree and model-free drafters' options; unset (None), they keep the method's defaults
+TREE_OPTIONS = (
+    ("--num-candidates", POSITIVE_INT, "prompt-lookup-tree: continuations merged into the trie (default 4)"),
+    ("--tree-top-k", POSITIVE_INT, "draft-model-tree: nodes expanded per depth and children per node (default 4)"),
+    ("--tree-nodes", POSITIVE_INT, "draft-model-tree: node budget (default 24)"),
+)
+MODEL_FREE_OPTIONS = (
+    ("--max-tree-depth", POSITIVE_INT, "suffix, hybrid: the most tokens of a match and its draft together (default 24)"),
+    ("--max-cached-requests", NON_NEGATIVE_INT,
+     "suffix, hybrid: earlier outputs the drafter remembers across calls (default 1000; 0: none)"),
+    ("--max-spec-factor", NON_NEGATIVE_FLOAT, "suffix, hybrid: draft tokens allowed per matched token (default 1.0)"),
+    ("--min-token-prob", UNIT_INTERVAL,
+     "suffix, hybrid: the lowest frequency-estimated probability drafted (default 0.1)"),
+    ("--window-size", POSITIVE_INT, "lookahead: W, the window's columns (default 4)"),
+    ("--ngram-size", POSITIVE_INT, "lookahead: N, the n-gram length (default 3)"),
+    ("--verification-set-size", POSITIVE_INT, "lookahead: G, the most n-grams verified per step (default 4)"),
+)
+
+
+def _add_options(parser: argparse.ArgumentParser, options) -> None:
+    """Adds each `(flag, type, help)` of `options`, unset by default."""
+    for flag, kind, text in options:
+        parser.add_argument(flag, type=kind, default=None, help=text)
+
+
+def _add_drafter_settings(parser: argparse.ArgumentParser, exit_layer_methods: str) -> None:
+    """The drafters' setting flags of `generate` and `bench`; `exit_layer_methods` names the methods that draft with
+    the target's first layers."""
+    parser.add_argument("--exit-layer", type=POSITIVE_INT, default=None,
+                        help=f"{exit_layer_methods}: the layers that draft")
+    parser.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
+                        help=f"{exit_layer_methods}: stop drafting after a token less likely than this")
+    parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
+                        help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
+    parser.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=None,
+                        help="layer-skip: how many of the ranking's first ids draft (default: all)")
+    _add_options(parser, TREE_OPTIONS)
+    _add_options(parser, MODEL_FREE_OPTIONS)
+
+
+def _typical_settings(text: str) -> list[float | tuple[float, float]]:
+    try:
+        return [tuple(map(float, item.split(":"))) if ":" in item else float(item)
+                for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated EPSILON or EPSILON:DELTA, got {text!r}") from None
+
+
+def _top_k_settings(text: str) -> list[tuple[int, float]]:
+    try:
+        return [(int(k), float(tolerance)) for k, tolerance in (item.split(":") for item in text.split(",") if item)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
+
+
+def _variant_list(text: str) -> list[tuple[int, str]]:
+    """`"1,2,goodput:6"` -> `[(1, "constant"), (2, "constant"), (6, "goodput")]`."""
+    try:
+        return [(int(item), "constant") if ":" not in item else (int(item.split(":")[1]), item.split(":")[0])
+                for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated K or SCHEDULE:K items, got {text!r}") from None
+
+
+def _add_generate(commands, run) -> None:
+    gen = commands.add_parser("generate", help="stream speculative output and compare it with plain generate()")
+    gen.add_argument("prompt")
+    gen.add_argument("--preset", default=DEFAULT_PRESET,
+                     help=f"bundled preset name, model card, folder or Hub id (default: {DEFAULT_PRESET}); "
+                          "the flags below override its settings")
+    _add_model_options(gen, threads=None, from_preset=True)
+    _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
+    gen.add_argument("--method", choices=METHODS, default=None,
+                     help="default: the preset's (the same method names as bench and sweep)")
+    _add_drafter_settings(gen, "layer-skip")
+    _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
+    gen.add_argument("--max-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's longest n-gram")
+    gen.add_argument("--min-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's shortest n-gram")
+    _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
+    _add_sampling_options(gen)
+    gen.set_defaults(run=run)
+
+
+def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
+    """The `hf-speculators` parser: every command with its flags, each bound (`args.run`) to its function in `runs`
+    (command name -> function; `"presets show"` for the subcommand), the training commands to theirs."""
+    parser = _Parser(prog="hf-speculators", description="Speculative decoding for transformers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate(commands, runs["generate"])
+
+    bench = commands.add_parser("bench", help="compare plain, transformers' and our speculative methods")
+    _add_prompt_options(bench)
+    _add_model_options(bench, threads=1, from_preset=False)
+    _add_schedule_option(bench, "constant")
+    bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
+                       help="run each of our methods once per item, side by side: K draft tokens every step, or "
+                            "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6); transformers' methods run once per K")
+    bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
+                       help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
+    bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
+    _add_drafter_settings(bench, "hf-early-exit and layer-skip")
+    _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(METHODS)})")
+    _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
+    _add_sampling_options(bench)
+    bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
+                       help="our prompt lookups' match rule among earlier occurrences (default: latest)")
+    bench.add_argument("--batch-size", type=POSITIVE_INT, default=1, metavar="B",
+                       help="prompts per generate call, grouped in order and left padded; each method runs per batch "
+                            "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
+    bench.add_argument("--out", default="bench_results/bench.jsonl",
+                       help="JSONL records, one per (prompt, method), each written as soon as it is measured")
+    bench.add_argument("--resume", action="store_true",
+                       help="continue the run recorded in --out (same methods, settings and prompts)")
+    bench.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw speedup and mean acceptance length per method and category (matplotlib)")
+    bench.set_defaults(run=runs["bench"])
+
+    sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
+    _add_prompt_options(sweep)
+    _add_model_options(sweep, threads=1, from_preset=False)
+    sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
+    sweep.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
+    _add_options(sweep, TREE_OPTIONS)
+    _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
+    _add_sampling_options(sweep)
+    sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,
+                       default=list(DEFAULT_TYPICAL_EPSILONS),
+                       help="typical settings: EPSILON (delta = sqrt(epsilon)) or EPSILON:DELTA (comma-separated)")
+    sweep.add_argument("--top-k-settings", type=_top_k_settings, default=list(DEFAULT_TOP_K_SETTINGS),
+                       help="top_k settings: TOP_K:TOLERANCE pairs, tolerance in nats (comma-separated)")
+    sweep.add_argument("--out", default="bench_results/sweep.jsonl",
+                       help="JSONL records, one per (prompt, setting), each written as soon as it is measured")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue the sweep recorded in --out (same method, settings and prompts)")
+    sweep.add_argument("--plot", default="bench_results/sweep.png", help="where to save the figure (matplotlib)")
+    sweep.add_argument("--no-plot", action="store_true", help="print the table only")
+    sweep.set_defaults(run=runs["sweep"])
+
+    _add_plot(commands, runs["plot"])
+    _add_report(commands, runs["report"])
+    _add_presets(commands, runs["presets"], runs["presets show"])
+    _add_export(commands, runs["export"])
+    add_training_commands(commands)
+    env = commands.add_parser("env", help="print the versions and device facts a bug report needs")
+    env.set_defaults(run=runs["env"])
+    return parser
+
+
+def _add_plot(commands, run) -> None:
+    plot = commands.add_parser("plot", help="draw a saved bench run (its JSONL records)")
+    plot.add_argument("records", help="the JSONL file of hf-speculators bench --out")
+    plot.add_argument("--out", default="bench_results/bench.png", help="the image file (PNG, SVG or PDF)")
+    _add_verbose_option(plot)
+    plot.set_defaults(run=run)
+
+
+def _add_report(commands, run) -> None:
+    report = commands.add_parser("report", help="print a saved bench run (its JSONL records) as Markdown tables")
+    report.add_argument("records", help="the JSONL file of hf-speculators bench --out")
+    _add_verbose_option(report)
+    report.set_defaults(run=run)
+
+
+def _add_presets(commands, run, run_show) -> None:
+    presets = commands.add_parser("presets", help="list the bundled presets (model cards) and their measured speed")
+    presets.set_defaults(run=run)
+    _add_verbose_option(presets)
+    show = presets.add_subparsers(dest="presets_command").add_parser("show", help="print a preset's whole card")
+    show.add_argument("name", help="a bundled preset (hf-speculators presets lists them)")
+    show.set_defaults(run=run_show)
+
+
+def _add_export(commands, run) -> None:
+    export = commands.add_parser("export", help="print the command and code that run a preset in another engine")
+    export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
+    export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
+    _add_verbose_option(export)
+    export.add_argument("--out", default=None, help="Medusa heads: where to write them in vLLM's layout")
+    export.set_defaults(run=run)
