@@ -49,10 +49,9 @@ def clock(device: str) -> float:
 
 
 @torch.no_grad()
-def verify_cost_curve(stage) -> dict[int, float]:
-    """Median milliseconds of a forward of q tokens after a cached context, per q in `QUERY_SIZES`, recorded with
-    its ratio to one token's; returns q -> ratio."""
-    model = target_1b(stage.device, stage.smoke)
+def verify_cost_curve(stage, model) -> dict[int, float]:
+    """Median milliseconds of a forward of q tokens of `model` after a cached context, per q in `QUERY_SIZES`,
+    recorded with its ratio to one token's; returns q -> ratio."""
     context, repeats = (16, 2) if stage.smoke else (512, 20)
     cache = DynamicCache(config=model.config)
     cache_kwargs = {cache_argument(model): cache}
@@ -74,10 +73,10 @@ def verify_cost_curve(stage) -> dict[int, float]:
 
 
 @torch.no_grad()
-def loop_efficiency(stage, ratios: dict[int, float]) -> None:
-    """Per accepted count n (0 to k), the speedup of greedy decoding with `ScriptedDrafter` over plain decoding, and
-    its share of the speedup the verify cost allows: (n + 1) tokens per step for one (k + 1)-token forward."""
-    model = target_1b(stage.device, stage.smoke)
+def loop_efficiency(stage, model, ratios: dict[int, float]) -> None:
+    """Per accepted count n (0 to k), the speedup of `model`'s greedy decoding with `ScriptedDrafter` over plain
+    decoding, and its share of the speedup the verify cost allows: (n + 1) tokens per step for one (k + 1)-token
+    forward (`ratios`: `verify_cost_curve`'s)."""
     new_tokens = 8 if stage.smoke else 128
     prompt = torch.randint(model.config.vocab_size, (1, 32), device=stage.device)
     plain_seconds, reference = timed_generate(stage.device, lambda: model.generate(

@@ -2,7 +2,7 @@
 
 - `tests`: `tests/test_device.py` on the device (`pytest --device`), its report in `tests.xml`;
 - `bench`: the demo family through `hf-speculators bench`, batch 1 and 8, plus transformers' compiled plain and
-  compiled static-cache assisted decoding;
+  compiled static-cache assisted decoding (on a CPU, uncompiled);
 - `curve`: the verify cost curve and the loop's efficiency on a 1B target (`gpu_check_costs.py`);
 - `quant`: an FP8 target and an int4 draft (torchao), each method against the same quantized model's plain output;
 - `train`: the demo EAGLE-3 head, Medusa heads and draft model trained for a fixed time; their files in a tarball
@@ -22,6 +22,7 @@ from xml.etree import ElementTree
 
 import pytest
 import torch
+from gpu_check_costs import clock, loop_efficiency, target_1b, verify_cost_curve
 
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.tools.bench import read_records
@@ -41,6 +42,8 @@ PROMPTS = [  # the demo family's domains: verse, grade-school arithmetic, Python
     ("code", "for line in open(path):\n    "),
 ]
 BENCH_METHODS = "plain,hf-prompt-lookup,hf-assisted,prompt-lookup,suffix,draft-model,eagle3,eagle3-tree,hybrid"
+COMPILED_PROMPTS = 4  # each prompt length compiles anew (the static cache's length follows it)
+COMPILE_SECONDS = 30  # what one prompt's compilations may take
 QUANTIZED_RUNS = {  # name -> bench flags; each method is compared with the same quantized target's plain output
     "fp8-target": ["--quantization", "fp8", "--methods", "plain,prompt-lookup,draft-model"],
     "int4-draft": ["--draft-quantization", "int4", "--methods", "plain,draft-model"],
@@ -116,38 +119,37 @@ def bench(stage: Stage) -> int:
 
 
 def compiled_baselines(stage: Stage) -> None:
-    """transformers' compiled decoding (a static cache; transformers compiles its forwards on CUDA) against its
-    eager greedy output: plain, and assisted by the demo draft (pinned to 3 draft tokens)."""
-    if stage.device != "cuda":
-        stage.record(method="hf-compiled", skipped="transformers compiles static-cache decoding on CUDA only")
-        return
+    """transformers' compiled decoding (a static cache; transformers compiles its forwards on CUDA, a CPU runs the
+    same path uncompiled) against its eager greedy output: plain, and assisted by the demo draft (3 draft tokens)."""
     target, draft = (load_model(name, "auto", stage.device) for name in (DEMO_TARGET, DEMO_DRAFT))
     draft.generation_config.update(num_assistant_tokens=3, num_assistant_tokens_schedule="constant",
                                    assistant_confidence_threshold=0.0)
-    tokenizer = load_tokenizer(DEMO_TARGET)
+    tokenizer, new_tokens = load_tokenizer(DEMO_TARGET), 4 if stage.smoke else 64
     runs = {"hf-compiled-plain": {}, "hf-compiled-assisted": {"assistant_model": draft}}
-    for category, prompt in PROMPTS:
+    for category, prompt in PROMPTS[: 1 if stage.smoke else COMPILED_PROMPTS]:
+        if stage.left() < COMPILE_SECONDS:  # a compilation may not finish: keep what the budget has measured
+            stage.record(method="hf-compiled", skipped="the stage's budget ran out")
+            return
         input_ids = tokenizer(prompt, return_tensors="pt").input_ids.to(stage.device)
-        eager = target.generate(input_ids, do_sample=False, max_new_tokens=64)
+        eager = target.generate(input_ids, do_sample=False, max_new_tokens=new_tokens)
         for method, kwargs in runs.items():
             try:
-                seconds, output = timed(lambda: target.generate(  # noqa: B023 (called at once)
-                    input_ids, do_sample=False, max_new_tokens=64, cache_implementation="static", **kwargs))
+                seconds, output = timed(stage.device, lambda: target.generate(  # noqa: B023 (called at once)
+                    input_ids, do_sample=False, max_new_tokens=new_tokens, cache_implementation="static", **kwargs))
             except Exception as error:  # a release that cannot compile this path: say so, keep the others
                 stage.record(method=method, category=category, error=f"{type(error).__name__}: {error}")
                 continue
-            stage.record(method=method, category=category, seconds=seconds, identical_to_eager=bool(
+            stage.record(method=method, category=category, seconds=round(seconds, 4), identical_to_eager=bool(
                 torch.equal(output, eager)), new_tokens=output.shape[1] - input_ids.shape[1])
 
 
-def timed(call, repeats: int = 2):
+def timed(device: str, call, repeats: int = 2):
     """The seconds of the last of `repeats` calls of `call` (the first ones warm up and compile) and its result."""
     for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = clock(device)
         result = call()
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, result
+        seconds = clock(device) - start
+    return seconds, result
 
 
 def quant(stage: Stage) -> int:
@@ -188,10 +190,8 @@ def training_command(arguments: list[str], data: str, out: Path, minutes: float,
 
 
 def curve(stage: Stage) -> int:
-    from gpu_check_costs import loop_efficiency, verify_cost_curve
-
-    ratios = verify_cost_curve(stage)
-    loop_efficiency(stage, ratios)
+    model = target_1b(stage.device, stage.smoke)
+    loop_efficiency(stage, model, verify_cost_curve(stage, model))
     return 0
 
 

@@ -32,7 +32,8 @@ def records_by_stage(out: Path) -> dict[str, list[dict]]:
 
 
 def test_smoke_runs_every_stage(tmp_path):
-    assert gpu_check.main(["run", "--smoke", "--out", str(tmp_path)]) == 0
+    code = gpu_check.main(["run", "--smoke", "--out", str(tmp_path)])
+    assert code == 0, (tmp_path / "log.txt").read_text()[-4000:]  # a failed stage's traceback
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {stage: result["status"] for stage, result in summary.items()} == dict.fromkeys(gpu_check.BUDGETS, "ok")
     records = records_by_stage(tmp_path)
@@ -41,6 +42,9 @@ def test_smoke_runs_every_stage(tmp_path):
     benched = [r for r in records["bench"] if "identical_to_plain" in r]
     assert {r["method"] for r in benched} == {"plain", "prompt-lookup", "eagle3-tree"}
     assert all(r["identical_to_plain"] for r in benched)
+    compiled = [r for r in records["bench"] if "identical_to_eager" in r]
+    assert {r["method"] for r in compiled} == {"hf-compiled-plain", "hf-compiled-assisted"}
+    assert all(r["identical_to_eager"] for r in compiled)
     costs = load_example("gpu_check_costs")
     curve = [r for r in records["curve"] if r["measure"] == "verify_cost"]
     assert [r["query_tokens"] for r in curve] == list(costs.QUERY_SIZES)
