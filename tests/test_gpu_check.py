@@ -9,6 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import transformers
+from packaging import version
 
 from hf_speculators.tools.cli import build_parser
 
@@ -42,9 +44,12 @@ def test_smoke_runs_every_stage(tmp_path):
     benched = [r for r in records["bench"] if "identical_to_plain" in r]
     assert {r["method"] for r in benched} == {"plain", "prompt-lookup", "eagle3-tree"}
     assert all(r["identical_to_plain"] for r in benched)
-    compiled = [r for r in records["bench"] if "identical_to_eager" in r]
-    assert {r["method"] for r in compiled} == {"hf-compiled-plain", "hf-compiled-assisted"}
-    assert all(r["identical_to_eager"] for r in compiled)
+    compiled = {r["method"]: r for r in records["bench"] if r["method"].startswith("hf-compiled")}
+    assert compiled["hf-compiled-plain"]["identical_to_eager"]
+    if version.parse(transformers.__version__) >= version.parse("5.24"):
+        assert compiled["hf-compiled-assisted"]["identical_to_eager"]
+    else:  # static caches came to assisted decoding in 5.24: the check records the refusal and goes on
+        assert "not supported with Static cache" in compiled["hf-compiled-assisted"]["error"]
     costs = load_example("gpu_check_costs")
     curve = [r for r in records["curve"] if r["measure"] == "verify_cost"]
     assert [r["query_tokens"] for r in curve] == list(costs.QUERY_SIZES)
