@@ -114,6 +114,7 @@ def run(args) -> int:
 
 
 def stage_list(text: str) -> list[str]:
+    """`--stages`: comma-separated names of `BUDGETS`, run in the order given."""
     stages = [name for name in text.split(",") if name]
     unknown = sorted(set(stages) - set(BUDGETS))
     if unknown or not stages:
@@ -122,6 +123,7 @@ def stage_list(text: str) -> list[str]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: `pack WHEELS [--out FILE]` or `run --out DIR [--pack FILE] [--stages ...] [--smoke]`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     packer = commands.add_parser("pack", help="the wheels of a folder as one tarball that travels")
@@ -129,8 +131,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     packer.add_argument("--out", type=Path, default=None, help="default: WHEELS/gpu_check.tar.xz")
     runner = commands.add_parser("run", help="run the check's stages")
     runner.add_argument("--out", type=Path, required=True, help="the folder that receives everything")
-    runner.add_argument("--pack", type=Path, default=None, help="the tarball `pack` wrote (none: use what is installed)")
-    runner.add_argument("--stages", type=stage_list, default=list(BUDGETS), help=f"comma-separated: {','.join(BUDGETS)}")
+    runner.add_argument("--pack", type=Path, default=None,
+                        help="the tarball `pack` wrote (default: none, what is installed)")
+    runner.add_argument("--stages", type=stage_list, default=list(BUDGETS),
+                        help=f"comma-separated: {','.join(BUDGETS)}")
     runner.add_argument("--device", default="cuda", help="cuda (default), or cpu")
     runner.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds")
     args = parser.parse_args(argv)
@@ -140,6 +144,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs `pack` or `run`; returns the exit status (0: fits the travel limit / every stage passed, else 1)."""
     args = parse(argv)
     if args.command == "pack":
         return pack(args.wheels, args.out or args.wheels / "gpu_check.tar.xz")

@@ -32,6 +32,8 @@ SHAPES = {  # (full, smoke): hidden, intermediate, layers, heads, key-value head
 
 
 def target_1b(device: str, smoke: bool) -> LlamaForCausalLM:
+    """The randomly initialised Llama of `SHAPES` (a 2-layer float32 stand-in with `smoke`) on `device`, in eval
+    mode, with no BOS, EOS or PAD token (greedy decoding runs its full length)."""
     hidden, intermediate, layers, heads, kv_heads, vocab, dtype = SHAPES[smoke]
     config = LlamaConfig(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
@@ -44,6 +46,7 @@ def target_1b(device: str, smoke: bool) -> LlamaForCausalLM:
 
 
 def clock(device: str) -> float:
+    """`time.perf_counter()` once the work queued on `device` has finished."""
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter()

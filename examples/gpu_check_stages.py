@@ -22,6 +22,7 @@ from xml.etree import ElementTree
 
 import pytest
 import torch
+import transformers
 from gpu_check_costs import clock, loop_efficiency, target_1b, verify_cost_curve
 
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
@@ -72,6 +73,7 @@ class Stage:
         return self.budget - (time.perf_counter() - self.start)
 
     def record(self, **fields) -> None:
+        """Appends one record, `fields` and the stage's name, to `OUT/records.jsonl`."""
         with open(self.out / "records.jsonl", "a", encoding="utf-8") as file:
             file.write(json.dumps({"stage": self.name, **fields}) + "\n")
 
@@ -89,27 +91,27 @@ class Stage:
 
 
 def tests(stage: Stage) -> int:
+    """`tests/test_device.py` on the device (two of its tests in a smoke run); the counts and bf16 near-ties."""
     report = stage.out / "tests.xml"
     selection = ["-k", "rejection_identity or fp32_tree_masks"] if stage.smoke else []
     code = pytest.main([str(REPO / "tests" / "test_device.py"), "--device", stage.device, "-q", "-p",
                         "no:cacheprovider", f"--junitxml={report}", "-o", "junit_family=xunit1", *selection])
     suite = ElementTree.parse(report).getroot().find("testsuite")
     near_ties = sum(int(p.get("value")) for p in suite.iter("property") if p.get("name") == "near_ties")
-    stage.record(**versions(stage.device), tests=int(suite.get("tests")), failures=int(suite.get("failures")), errors=int(suite.get("errors")),
-                 skipped=int(suite.get("skipped")), bf16_near_ties=near_ties)
+    counts = {name: int(suite.get(name)) for name in ("tests", "failures", "errors", "skipped")}
+    stage.record(**versions(stage.device), **counts, bf16_near_ties=near_ties)
     return int(code)
 
 
 def versions(device: str) -> dict:
     """What the stages ran with: torch, transformers (the carried release or the installed one) and the device."""
-    import transformers
-
     name = torch.cuda.get_device_name() if device == "cuda" else device
     return {"torch": torch.__version__, "transformers": transformers.__version__,
             "transformers_from": str(Path(transformers.__file__).parent), "device_name": name}
 
 
 def bench(stage: Stage) -> int:
+    """The demo family's methods at batch 1 and 8 (3 methods at batch 1 in a smoke run), then the compiled ones."""
     methods = "plain,prompt-lookup,eagle3-tree" if stage.smoke else BENCH_METHODS
     codes = [stage.bench(["--methods", methods, "--batch-size", str(size)], batch_size=size)
              for size in ((1,) if stage.smoke else (1, 8))]
@@ -153,6 +155,7 @@ def timed(device: str, call, repeats: int = 2):
 
 
 def quant(stage: Stage) -> int:
+    """The quantized runs (an int8 draft on the CPU in a smoke run); the modes that cannot run, with the reason."""
     for name, reason in NOT_RUN.items():
         if name.endswith("-draft"):
             stage.record(run=name, skipped=reason)
@@ -190,6 +193,7 @@ def training_command(arguments: list[str], data: str, out: Path, minutes: float,
 
 
 def curve(stage: Stage) -> int:
+    """The verify cost curve and the loop's efficiency on one 1B target (`gpu_check_costs.py`)."""
     model = target_1b(stage.device, stage.smoke)
     loop_efficiency(stage, model, verify_cost_curve(stage, model))
     return 0
@@ -199,6 +203,7 @@ STAGES = {"tests": tests, "bench": bench, "curve": curve, "quant": quant, "train
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one stage (`STAGES`) with torch's seed 0; returns its exit status."""
     parser = argparse.ArgumentParser(description="one stage of examples/gpu_check.py")
     parser.add_argument("stage", choices=list(STAGES))
     parser.add_argument("--out", type=Path, required=True)

@@ -54,7 +54,8 @@ def test_smoke_runs_every_stage(tmp_path):
     curve = [r for r in records["curve"] if r["measure"] == "verify_cost"]
     assert [r["query_tokens"] for r in curve] == list(costs.QUERY_SIZES)
     loop = [r for r in records["curve"] if r["measure"] == "loop_efficiency"]
-    assert [r["accepted"] for r in loop] == list(range(costs.NUM_DRAFT_TOKENS + 1)) and all(r["identical"] for r in loop)
+    assert [r["accepted"] for r in loop] == list(range(costs.NUM_DRAFT_TOKENS + 1))
+    assert all(r["identical"] for r in loop)
     assert {r.get("run") for r in records["quant"]} == {"nf4-draft", "int8-draft"}
     with tarfile.open(tmp_path / "draft.tar") as tarball:
         assert "model.safetensors" in tarball.getnames()
