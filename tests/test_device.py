@@ -143,12 +143,15 @@ def bf16_models(device):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("kind", ["prompt_lookup", "noisy_draft_model"])
+@pytest.mark.parametrize("kind", ["prompt_lookup", "noisy_draft_model", "tree"])
 @pytest.mark.parametrize("num_draft_tokens", [2, 5])
 def test_bf16_divergences_are_near_ties(bf16_models, device, record_property, arch, kind, num_draft_tokens):
+    """Chains and trees (their masks through SDPA's unpinned kernels) in bfloat16 against plain bfloat16 decoding."""
     target, draft = bf16_models[arch]
-    drafter = (hs.PromptLookupDrafter(num_draft_tokens) if kind == "prompt_lookup"
-               else hs.DraftModelDrafter(draft, num_draft_tokens=num_draft_tokens))
+    drafters = {"prompt_lookup": lambda: hs.PromptLookupDrafter(num_draft_tokens),
+                "noisy_draft_model": lambda: hs.DraftModelDrafter(draft, num_draft_tokens=num_draft_tokens),
+                "tree": lambda: hs.TreeDrafter(draft, hs.DynamicTree(depth=num_draft_tokens, top_k=2, num_nodes=8))}
+    drafter = drafters[kind]()
     input_ids = prompt_ids("repetitive").to(device)
     expected = plain_generate(target, input_ids)[0]
     found = divergence(target, speculative_generate(target, input_ids, drafter)[0], expected)
