@@ -8,7 +8,7 @@ back to back per batch, and prints total throughput (new tokens per second), the
 the share of hole slots (prompt padding included) and the share of slots beyond the widest row's tokens (what
 compaction would remove; `max_holes` bounds it), both over all steps. Every value must give the same tokens.
 
-    python examples/batch_compaction.py [--prompts ../shared/data/spec_bench_question.jsonl] [--limit 16] \\
+    python examples/batch_compaction.py [--prompts spec-bench] [--limit 16] \\
         [--batch-size 4] [--max-holes 0,8,32,128,100000] [--max-new-tokens 128]
 """
 
@@ -63,7 +63,7 @@ def batched_loop(drafter, max_holes: int, width: CacheWidth):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEMO_TARGET)
-    parser.add_argument("--prompts", default="../shared/data/spec_bench_question.jsonl")
+    parser.add_argument("--prompts", default="spec-bench")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--max-holes", default="0,8,32,128,100000", help="comma-separated RaggedCache max_holes")

@@ -20,8 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hf_speculators.prompts import prompts_path
+
 RUN = r'''
-import json, sys, time
+import gzip, json, sys, time
 import torch
 torch.set_num_threads(1)
 import hf_speculators as hs
@@ -38,7 +40,8 @@ elif method == "eagle3":
     drafter = hs.EagleDrafter.from_pretrained(demo + "eagle3", num_draft_tokens=3)
 elif method == "layer-skip":
     drafter = hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=3)
-texts = [json.loads(line)["turns"][0] for line in open(prompts_file)][:limit]
+opener = gzip.open if prompts_file.endswith(".gz") else open
+texts = [json.loads(line)["turns"][0] for line in opener(prompts_file, "rt", encoding="utf-8")][:limit]
 tokens, seconds, outputs = 0, 0.0, []
 for i in range(0, len(texts), batch_size):
     batch = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True)
@@ -66,12 +69,12 @@ def main() -> None:
     parser.add_argument("--after", type=Path, default=Path("."))
     parser.add_argument("--methods", default="prompt-lookup,draft-model,eagle3,layer-skip")
     parser.add_argument("--batch-sizes", default="1,4")
-    parser.add_argument("--prompts", default="../shared/data/spec_bench_question.jsonl")
+    parser.add_argument("--prompts", default="spec-bench", help="a named set (spec-bench) or a Spec-Bench-style JSONL")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    args.prompts = str(Path(args.prompts).resolve())
+    args.prompts = str(prompts_path(args.prompts).resolve())
     print(f"{'method':>14} {'batch':>5} {'before tok/s':>13} {'after tok/s':>12} {'median ratio':>13} {'same tokens':>12}")
     for method in args.methods.split(","):
         for batch_size in map(int, args.batch_sizes.split(",")):

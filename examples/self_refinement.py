@@ -7,7 +7,7 @@ outputs. Per round, plain greedy `generate()`, prompt lookup and suffix decoding
 plain (total tokens over total seconds) and suffix decoding's tokens/s over its own round-0 tokens/s, and checks
 that every output equals plain greedy's.
 
-    python examples/self_refinement.py [--prompts ../shared/data/spec_bench_question.jsonl] [--limit 10]
+    python examples/self_refinement.py [--prompts spec-bench] [--limit 10]
         [--rounds 3] [--max-new-tokens 128] [--num-draft-tokens 8]
 """
 
@@ -32,7 +32,7 @@ def timed(target, inputs, max_new_tokens: int, **options) -> tuple[torch.LongTen
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", default="../shared/data/spec_bench_question.jsonl")
+    parser.add_argument("--prompts", default="spec-bench")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -5,6 +5,7 @@ One code path for the command line (`--prompts`, `--limit`, `--chat`, `--no-chat
 the sweep and training (`load_prompts`, `chat_template=`, `system_prompt=`).
 """
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import torch
 from transformers import BatchEncoding
+
+# prompt sets shipped in the package, by the name `--prompts` and `load_prompts` take (licenses: prompt_sets/README.md)
+PROMPT_SETS = {"spec-bench": Path(__file__).parent / "prompt_sets" / "spec_bench_question.jsonl.gz"}
 
 
 @dataclass(frozen=True)
@@ -31,14 +35,15 @@ class Prompt:
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
-    """Reads benchmark prompts from a JSONL file (`.jsonl`) or a plain-text file (any other suffix).
+    """Reads benchmark prompts from a named set (`PROMPT_SETS`: `"spec-bench"`, Spec-Bench's 480 prompts), a JSONL
+    file (`.jsonl`) or a plain-text file (any other suffix); a file whose name ends in `.gz` is read gzip-compressed.
 
     JSONL records give the prompt as `turns[0]` (Spec-Bench, MT-bench), `prompt` (HumanEval) or `question`
     (GSM8K), the category as `category` (default `"all"`) and the id as `question_id` or `task_id`. A plain-text
     file holds one prompt per non-blank line. Blank lines are skipped in both.
 
     Args:
-        path (`str` or `Path`): the prompts file.
+        path (`str` or `Path`): the name of a shipped set (`"spec-bench"`) or a prompts file.
         limit (`int`, *optional*): keep `limit` prompts, taken round-robin over the categories in the order they
             first appear (each category's prompts in file order), so that a limit covers every category.
 
@@ -50,19 +55,38 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
         `ValueError`: for `limit < 1`, an empty file, a line that is not JSON, or a JSONL record with none of the
             fields above.
     """
-    path = Path(path)
+    path = prompts_path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"Prompts file {path} not found: pass a JSONL file (e.g. Spec-Bench question.jsonl) or a text file."
+            f"Prompts file {path} not found: pass a JSONL file (e.g. Spec-Bench question.jsonl), a text file or a "
+            f"named set ({', '.join(PROMPT_SETS)})."
         )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}.")
-    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
-    read = _prompt_from_json_line if path.suffix.lower() == ".jsonl" else _prompt_from_text_line
+    lines = [(n, line) for n, line in enumerate(_read_text(path).splitlines(), 1) if line.strip()]
+    read = _prompt_from_json_line if _stem_suffix(path) == ".jsonl" else _prompt_from_text_line
     prompts = [read(line, f"{path}:{n}") for n, line in lines]
     if not prompts:
         raise ValueError(f"Prompts file {path} has no prompts: write one JSON record or one prompt per line.")
     return _round_robin(prompts, limit)
+
+
+def prompts_path(name_or_path: str | Path) -> Path:
+    """The file `name_or_path` names: a shipped set's (`PROMPT_SETS`), else the path itself (a file of a set's name
+    is passed as `./NAME`)."""
+    return PROMPT_SETS.get(str(name_or_path), Path(name_or_path))
+
+
+def _stem_suffix(path: Path) -> str:
+    """The suffix, lower case, under a `.gz` one: `.jsonl` for `q.jsonl` and `q.jsonl.gz`."""
+    name = path.name.lower()
+    return Path(name.removesuffix(".gz")).suffix
+
+
+def _read_text(path: Path) -> str:
+    """The file's UTF-8 text, decompressed if its name ends in `.gz`."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.name.lower().endswith(".gz") else data).decode("utf-8")
 
 
 def _round_robin(prompts: list[Prompt], limit: int | None) -> list[Prompt]:

@@ -128,7 +128,10 @@ def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompts", required=True, help="JSONL (Spec-Bench/MT-bench turns, HumanEval prompt) or text")
+    parser.add_argument("--prompts", default="spec-bench",
+                        help="a named set (spec-bench: Spec-Bench's 480 prompts, shipped in the package), or a file: "
+                             "JSONL (Spec-Bench/MT-bench turns, HumanEval prompt, .jsonl.gz too) or text "
+                             "(default: spec-bench)")
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
 
 

@@ -114,7 +114,8 @@ def add_training_commands(commands) -> None:
     evaluate = commands.add_parser("evaluate", help="measured acceptance of a trained drafter on prompts")
     evaluate.add_argument("folder", help="a trained folder (or any preset SpeculativeConfig.from_pretrained reads)")
     evaluate.add_argument("--target", default=None, help="the target (default: the one the folder names)")
-    evaluate.add_argument("--prompts", required=True, help="JSONL (Spec-Bench turns, prompt, question) or text")
+    evaluate.add_argument("--prompts", required=True,
+                          help="a named set (spec-bench, shipped), JSONL (Spec-Bench turns, prompt, question) or text")
     evaluate.add_argument("--limit", type=int, default=None)
     evaluate.add_argument("--max-new-tokens", type=int, default=128)
     evaluate.add_argument("--num-draft-tokens", type=int, default=None, help="override the folder's chain length")
