@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import gzip
 import json
 
 import pytest
@@ -12,6 +13,7 @@ torch.set_num_threads(1)
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+from hf_speculators.prompts import PROMPT_SETS  # noqa: E402
 from hf_speculators.tools import cli  # noqa: E402
 from hf_speculators.tools.bench import run as bench_run  # noqa: E402
 from hf_speculators.tools.bench import (  # noqa: E402
@@ -95,6 +97,38 @@ def test_load_prompts_formats(tmp_path, name, lines, expected):
     path = tmp_path / name
     path.write_text("\n".join(json.dumps(x) if isinstance(x, dict) else x for x in lines) + "\n")
     assert load_prompts(path) == expected
+
+
+@pytest.mark.parametrize("name, expected", [("q.jsonl.gz", Prompt("Hi.", "qa", 7)), ("q.txt.gz", Prompt("Hi."))])
+def test_load_prompts_reads_gzip(tmp_path, name, expected):
+    path = tmp_path / name
+    line = json.dumps({"question_id": 7, "category": "qa", "turns": ["Hi."]}) if ".jsonl" in name else "Hi."
+    path.write_bytes(gzip.compress(line.encode("utf-8") + b"\n"))
+    assert load_prompts(path) == [expected]
+
+
+def test_the_shipped_spec_bench_set_is_spec_bench():
+    prompts = load_prompts("spec-bench")
+    categories = {p.category: sum(q.category == p.category for q in prompts) for p in prompts}
+    assert len(prompts) == 480 and len(categories) == 13
+    assert {categories[c] for c in ("translation", "summarization", "qa", "math_reasoning", "rag")} == {80}
+    assert prompts[0] == Prompt(prompts[0].text, "writing", 81)
+    assert [p.category for p in load_prompts("spec-bench", limit=13)] == list(categories)
+
+
+
+def test_the_shipped_prompt_set_keeps_its_licenses():
+    folder = PROMPT_SETS["spec-bench"].parent
+    assert "Apache License" in (folder / "LICENSE.spec-bench").read_text(encoding="utf-8")
+    assert (folder / "LICENSE.gsm8k").read_text(encoding="utf-8").startswith("MIT License")
+    notice = (folder / "README.md").read_text(encoding="utf-8")
+    for source in ("MT-bench", "WMT14", "CNN/DailyMail", "Natural Questions", "GSM8K", "DPR", "CC BY-NC 4.0"):
+        assert source in notice
+
+
+def test_bench_and_sweep_default_to_spec_bench():
+    parser = cli.build_parser()
+    assert parser.parse_args(["bench"]).prompts == parser.parse_args(["sweep"]).prompts == "spec-bench"
 
 
 def test_load_prompts_limit_keeps_file_order(tmp_path):
