@@ -16,8 +16,13 @@ from registry_snapshot import snapshot
 
 PINS = json.loads((Path(__file__).parent / "data" / "registry_pins.json").read_text(encoding="utf-8"))
 NOW = snapshot()
-# flags added since the pins (command -> flags): the settings every drafter-setting group now offers
-NEW_FLAGS: dict[str, set[str]] = {}
+# flags added since the pins (command -> flags): every command with drafter settings offers all the specs' settings,
+# suffix decoding's max_spec_offset among them
+NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset"}, "bench": {"--min-ngram-size", "--max-spec-offset"},
+             "sweep": {"--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
+                       "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
+                       "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",
+                       "--min-ngram-size"}}
 # flags whose help lists the named methods: the list is compared as a set (the registry orders variants by method)
 METHOD_LISTS = re.compile(r"[\w.-]+(?:, ?[\w.-]+){5,}")
 
