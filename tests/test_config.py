@@ -27,7 +27,7 @@ FULL_CONFIGS = [
     SpeculativeConfig(method="tree", draft_model="org/draft", tree={"paths": [[0], [0, 0], [1]]}),
     SpeculativeConfig(method="eagle3", num_draft_tokens=3, draft_model="org/speculator", draft_revision="main"),
     SpeculativeConfig(method="suffix", num_draft_tokens=12, max_tree_depth=32, max_cached_requests=0,
-                      max_spec_factor=1.5, min_token_prob=0.2, use_tree_spec=True),
+                      max_spec_factor=1.5, max_spec_offset=1.0, min_token_prob=0.2, use_tree_spec=True),
     SpeculativeConfig(method="lookahead", window_size=3, ngram_size=4, verification_set_size=2),
     SpeculativeConfig(method="hybrid", model_method="eagle3", draft_model="org/speculator", num_draft_tokens=3,
                       max_tree_depth=16),

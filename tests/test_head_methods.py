@@ -13,7 +13,7 @@ from hf_speculators.tools import cli
 from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
 from hf_speculators.heads.medusa import MedusaHeads
 from hf_speculators.heads.medusa_formats import save_medusa_heads
-from hf_speculators.config.methods import HEAD_METHODS, make_drafter, method_config
+from hf_speculators.config.methods import NAMED_HEAD_METHODS as HEAD_METHODS, make_drafter, method_config
 
 
 @pytest.fixture(scope="module")

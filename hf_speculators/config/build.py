@@ -5,17 +5,17 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from ..drafters import DRAFTERS, Drafter, HybridDrafter
+from ..drafters import Drafter, HybridDrafter
 from ..drafters.draft_model import vocabulary_bridge
+from ..drafters.suffix import SUFFIX_SETTINGS
 from ..loading import load_model, load_tokenizer, resolve_model_id
 from ..verifiers import VERIFIERS, Verifier
 from ..vocab import ranked_draft_vocab
+from .registry import METHOD_SPECS
 from .speculators_format import SPECULATORS_TYPES
 
 # arguments a drafter gets from what a config field names (a model, a token ranking), not from the field's value
 LOADED_ARGUMENTS = ("draft_model", "draft_tokenizer", "draft_vocab")
-# the suffix-decoding settings of a config (SuffixDrafter's), which method "hybrid" takes too
-SUFFIX_SETTINGS = ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob", "use_tree_spec")
 # verification -> {config field: argument of the verifier's constructor}
 VERIFIER_PARAMS: dict[str, dict[str, str]] = {
     "typical": {"typical_epsilon": "epsilon", "typical_delta": "delta"},
@@ -64,7 +64,7 @@ def _self_draft(drafter_class, config, target, kwargs: dict) -> Drafter:
 def _hybrid(config, target, target_tokenizer, loaded: dict) -> Drafter:
     """The `HybridDrafter` of a `"hybrid"` config: a `SuffixDrafter` of its suffix settings and the drafter of its
     `model_method` (default `"draft-model"`) with its `draft_model` and `num_draft_tokens`."""
-    suffix = {name: getattr(config, name) for name in SUFFIX_SETTINGS if getattr(config, name) is not None}
+    suffix = {s.name: getattr(config, s.name) for s in SUFFIX_SETTINGS if getattr(config, s.name) is not None}
     model = type(config)(method=config.model_method or "draft-model", draft_model=config.draft_model,
                          draft_revision=config.draft_revision, num_draft_tokens=config.num_draft_tokens)
     return HybridDrafter(build_drafter(type(config)(method="suffix", **suffix), target),
@@ -81,7 +81,7 @@ def _mtp(config, target) -> Drafter:
         )
     if target is None:
         raise ValueError("method='mtp' drafts with the target's own MTP layers: pass the target model.")
-    return DRAFTERS["mtp"].from_target(target, num_draft_tokens=config.num_draft_tokens, tree=config.tree)
+    return METHOD_SPECS[config.method].drafter.from_target(target, num_draft_tokens=config.num_draft_tokens, tree=config.tree)
 
 
 def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
@@ -109,20 +109,22 @@ def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
         `FileNotFoundError`: a local `draft_model` or `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
-    if config.method not in DRAFTERS:
+    drafters = {name: spec.drafter for name, spec in METHOD_SPECS.items() if spec.drafter is not None}
+    if config.method not in drafters:
         hint = (
             " It is a vllm-project/speculators drafter type: vLLM runs it with speculative_config=config.to_vllm()."
             if config.method in SPECULATORS_TYPES else ""
         )
         raise ValueError(
             f"method={config.method!r} cannot be built by this version of hf_speculators: the drafters available are "
-            f"{sorted(DRAFTERS)}.{hint}"
+            f"{sorted(drafters)}.{hint}"
         )
-    if config.method == "hybrid":
+    loads = METHOD_SPECS[config.method].loads
+    if loads == "pair":
         return _hybrid(config, target, target_tokenizer, loaded)
-    if config.method == "mtp":
+    if loads == "target":
         return _mtp(config, target)
-    drafter_class = DRAFTERS[config.method]
+    drafter_class = drafters[config.method]
     from_checkpoint = hasattr(drafter_class, "from_pretrained")
     parameters = inspect.signature(drafter_class.from_pretrained if from_checkpoint else drafter_class).parameters
     settings = {f.name: getattr(config, f.name) for f in fields(config)}

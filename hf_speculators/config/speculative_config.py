@@ -5,47 +5,24 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..drafters import DRAFTERS, tree_shape
-from ..drafters.prompt_lookup import MATCH_RULES
+from ..drafters.hybrid import HYBRID_MODEL_METHODS  # noqa: F401 (the model drafters a hybrid pairs with)
 from ..folders import write_folder
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
 from ..verifiers import VERIFIERS
 from . import presets
-from .build import SUFFIX_SETTINGS, VERIFIER_PARAMS, build
-from .speculators_format import SPECULATORS_TYPES
+from .build import VERIFIER_PARAMS, build
+from .registry import METHOD_SPECS, method_settings
 from .vllm_export import to_vllm
 
-# learned draft heads on the target's hidden states; their draft_model is the head's checkpoint
-HEAD_METHODS = ("eagle3", "eagle", "medusa")
-# the model drafters a hybrid pairs with suffix decoding (its draft_model: a draft model or an EAGLE head)
-HYBRID_MODEL_METHODS = ("draft-model", "eagle3")
-# method -> (fields it requires, fields it may take besides num_draft_tokens); a new drafter is one line here
-METHOD_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "prompt-lookup": ((), ("max_ngram_size", "min_ngram_size", "num_candidates", "prefer")),
-    "suffix": ((), SUFFIX_SETTINGS),
-    "lookahead": ((), ("window_size", "ngram_size", "verification_set_size")),
-    "hybrid": (("draft_model",), ("model_method", "draft_revision", *SUFFIX_SETTINGS)),
-    "draft-model": (("draft_model",), ("draft_revision", "draft_quantization")),
-    "layer-skip": (("exit_layer",), ("confidence_threshold", "draft_vocab", "draft_vocab_size")),
-    "tree": (("draft_model",), ("tree", "draft_revision", "draft_quantization")),
-    **{name: (("draft_model",), ("draft_revision",)) for name in SPECULATORS_TYPES},
-    **{name: (("draft_model",), ("draft_revision", "tree")) for name in HEAD_METHODS},
-    # the target's own MTP layers, beside its checkpoint (draft_model: a speculators-format MTP checkpoint, for vLLM)
-    "mtp": ((), ("tree", "draft_model", "draft_revision")),
-    "dflash": (("draft_model",), ("draft_revision", "tree")),  # draft_model: the DFlash drafter's checkpoint
-    "gemma4-assistant": (("draft_model",), ("draft_revision",)),  # draft_model: the Gemma 4 assistant's checkpoint
-}
-
-
-# methods whose draft model may be a quantized copy of the target (no draft_model, draft_quantization set)
-TARGET_COPY_METHODS = ("draft-model", "tree")
+# learned draft heads on the target's hidden states (config methods); their draft_model is the head's checkpoint
+HEAD_METHODS = tuple(name for name, spec in METHOD_SPECS.items() if spec.loads == "head")
 
 
 def method_fields(method: str) -> tuple[str, ...]:
     """The fields `method` takes besides `num_draft_tokens` (required ones first); none for an unknown method."""
-    required, optional = METHOD_FIELDS.get(method, ((), ()))
-    return required + optional
+    spec = METHOD_SPECS.get(method)
+    return () if spec is None else spec.fields()
 
 
 def _fail(name: str, requirement: str, value) -> None:
@@ -85,7 +62,7 @@ class SpeculativeConfig:
     validated on construction; `from_dict` (and so `from_pretrained`) warns about unknown keys.
 
     Args:
-        method (`str`, defaults to `"prompt-lookup"`): a key of `METHOD_FIELDS`: `"prompt-lookup"`,
+        method (`str`, defaults to `"prompt-lookup"`): a key of `hf_speculators.config.registry.METHOD_SPECS`: `"prompt-lookup"`,
             `"draft-model"`, `"layer-skip"` (`LayerSkipDrafter`), `"tree"` (`TreeDrafter`), `"suffix"`
             (`SuffixDrafter`), `"lookahead"` (`LookaheadDrafter`), `"hybrid"` (`HybridDrafter`), `"mtp"` (`MTPDrafter`:
             the target's multi-token-prediction layers), `"dflash"` (`DFlashDrafter`), `"gemma4-assistant"`
@@ -120,9 +97,10 @@ class SpeculativeConfig:
             some of `{"depth", "top_k", "num_nodes"}` (a dynamic tree); see `hf_speculators.drafters.tree_shape`.
             Unset: `TreeDrafter`'s default dynamic tree.
         max_tree_depth (`int`, *optional*): suffix decoding's most tokens of a match and its draft together
-            (`SuffixDrafter`; methods `"suffix"` and `"hybrid"`, as the four fields below).
+            (`SuffixDrafter`; methods `"suffix"` and `"hybrid"`, as the five fields below).
         max_cached_requests (`int`, *optional*): suffix decoding's earlier rows kept in its cross-call memory.
         max_spec_factor (`float`, *optional*): suffix decoding's draft tokens allowed per matched token.
+        max_spec_offset (`float`, *optional*): suffix decoding's draft tokens allowed besides those.
         min_token_prob (`float`, *optional*): suffix decoding's lowest estimated probability of a drafted token.
         use_tree_spec (`bool`, *optional*): suffix decoding drafts a token tree instead of a chain.
         window_size (`int`, *optional*): lookahead decoding's W (`LookaheadDrafter`).
@@ -169,6 +147,7 @@ class SpeculativeConfig:
     max_tree_depth: int | None = None
     max_cached_requests: int | None = None
     max_spec_factor: float | None = None
+    max_spec_offset: float | None = None
     min_token_prob: float | None = None
     use_tree_spec: bool | None = None
     window_size: int | None = None
@@ -185,33 +164,20 @@ class SpeculativeConfig:
     notes: str | None = None
 
     def __post_init__(self):
-        for name in ("method", "num_draft_tokens_schedule", "prefer", "draft_quantization", "verification",
-                     "model_method"):
+        for name in ("method", "num_draft_tokens_schedule", "draft_quantization", "verification"):
             if name != "method" and getattr(self, name) is None:
                 continue
             if not isinstance(getattr(self, name), str):
                 _fail(name, "a name (a string)", getattr(self, name))
-        for name in ("num_draft_tokens", "max_ngram_size", "min_ngram_size", "num_candidates", "exit_layer", "top_k",
-                     "draft_vocab_size", "max_tree_depth", "window_size", "ngram_size", "verification_set_size"):
+        for name in ("num_draft_tokens", "top_k"):
             _check_int(name, getattr(self, name))
-        if self.max_cached_requests is not None and (isinstance(self.max_cached_requests, bool) or not isinstance(
-                self.max_cached_requests, int) or self.max_cached_requests < 0):
-            _fail("max_cached_requests", "an integer >= 0", self.max_cached_requests)
-        if self.use_tree_spec is not None and not isinstance(self.use_tree_spec, bool):
-            _fail("use_tree_spec", "true or false", self.use_tree_spec)
-        if self.model_method is not None and self.model_method not in HYBRID_MODEL_METHODS:
-            _fail("model_method", f"one of {HYBRID_MODEL_METHODS}", self.model_method)
-        _check_number("max_spec_factor", self.max_spec_factor, low=0, low_included=True)
-        _check_number("min_token_prob", self.min_token_prob, low=0, high=1, low_included=True)
-        for name in ("draft_model", "draft_revision", "draft_vocab", "target_model", "source", "notes"):
+        for setting in method_settings().values():
+            setting.check(getattr(self, setting.name))
+        for name in ("draft_model", "draft_revision", "target_model", "source", "notes"):
             _check_text(name, getattr(self, name))
         _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
         _check_number("typical_delta", self.typical_delta, low=0)
         _check_number("accept_tolerance", self.accept_tolerance, low=0, low_included=True)
-        _check_number("confidence_threshold", self.confidence_threshold, low=0, high=1, low_included=True,
-                      high_included=False)
-        if self.prefer is not None and self.prefer not in MATCH_RULES:
-            _fail("prefer", f"one of {MATCH_RULES}", self.prefer)
         if self.num_draft_tokens_schedule is not None and self.num_draft_tokens_schedule not in SCHEDULES:
             _fail("num_draft_tokens_schedule", f"one of {sorted(SCHEDULES)}", self.num_draft_tokens_schedule)
         if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:
@@ -228,20 +194,15 @@ class SpeculativeConfig:
         self._check_verification_fields()
 
     def _check_method_fields(self) -> None:
-        if self.method not in METHOD_FIELDS:
-            _fail("method", f"one of {sorted(METHOD_FIELDS)}", self.method)
-        for name in METHOD_FIELDS[self.method][0]:
+        spec = METHOD_SPECS.get(self.method)
+        if spec is None:
+            _fail("method", f"one of {sorted(METHOD_SPECS)}", self.method)
+        for name in spec.required:
             if getattr(self, name) is None and not self.is_self_draft:
                 raise ValueError(f"{name} is required for method={self.method!r}.")
-        if self.method == "lookahead" and self.num_draft_tokens is not None:
-            raise ValueError("num_draft_tokens does not apply to method='lookahead': its drafts are ngram_size - 1 "
-                             "tokens long; set ngram_size.")
-        if self.method == "tree" and self.num_draft_tokens is not None:
-            raise ValueError(
-                "num_draft_tokens does not apply to method='tree': set the tree's depth in tree "
-                "(e.g. tree={'depth': 5}) or give its paths."
-            )
-        method_specific = {name for method in METHOD_FIELDS for name in method_fields(method)}
+        if spec.no_draft_tokens is not None and self.num_draft_tokens is not None:
+            raise ValueError(f"num_draft_tokens does not apply to method={self.method!r}: {spec.no_draft_tokens}")
+        method_specific = {name for method in METHOD_SPECS for name in method_fields(method)}
         for name in sorted(method_specific - set(method_fields(self.method))):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} does not apply to method={self.method!r}; remove it or change the method.")
@@ -259,19 +220,19 @@ class SpeculativeConfig:
     @property
     def is_self_draft(self) -> bool:
         """Whether a quantized copy of the target drafts: `draft_quantization` set and `draft_model` not."""
-        return self.method in TARGET_COPY_METHODS and self.draft_model is None and self.draft_quantization is not None
+        spec = METHOD_SPECS.get(self.method)
+        loads_draft = spec is not None and spec.loads == "draft-model"
+        return loads_draft and self.draft_model is None and self.draft_quantization is not None
 
     def resolved(self, name: str):
         """The value `build` uses for field `name`: the field if set, else the drafter's default (or `None`); a
         learned head's `tree` sets the number of draft tokens to its depth, lookahead's `ngram_size` to N - 1."""
-        value = getattr(self, name)
-        if value is not None or self.method not in DRAFTERS:
+        value, spec = getattr(self, name), METHOD_SPECS.get(self.method)
+        if value is not None or spec is None or spec.drafter is None:
             return value
-        if name == "num_draft_tokens" and self.method in HEAD_METHODS and self.tree is not None:
-            return tree_shape(self.tree).depth
-        if name == "num_draft_tokens" and self.method == "lookahead":
-            return self.resolved("ngram_size") - 1
-        parameter = inspect.signature(DRAFTERS[self.method]).parameters.get(name)
+        if name == "num_draft_tokens" and spec.draft_length is not None and spec.draft_length(self) is not None:
+            return spec.draft_length(self)
+        parameter = inspect.signature(spec.drafter).parameters.get(name)
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
     def to_dict(self) -> dict:

@@ -10,9 +10,16 @@ A speculators checkpoint keeps its settings in its `config.json`:
      ...}
 """
 
+from ..drafters.spec import MethodSpec, VllmMapping
+
 # `speculators_model_type` values of the format; they load as a config (and export to vLLM) but need a drafter
 # architecture that hf_speculators does not implement
 SPECULATORS_TYPES = ("eagle", "eagle3", "peagle", "dflash", "dspark", "mtp")
+# the types with no drafter here (the others are drafters' methods): vLLM runs them (peagle as eagle3 with parallel
+# drafting, as vLLM's own reader of the speculators format does)
+SPECULATORS_SPECS = {name: MethodSpec(name, required=("draft_model",), shared=("draft_revision",), vllm=vllm)
+                     for name, vllm in (("peagle", VllmMapping("eagle3", fixed={"parallel_drafting": True})),
+                                        ("dspark", VllmMapping("dspark")))}
 
 
 def is_speculators_config(config_json: dict) -> bool:

@@ -9,17 +9,8 @@ from ..heads.files import head_folder
 from ..heads.medusa_formats import read_medusa_heads, save_vllm_medusa
 from ..loading import load_model, resolve_model_id
 from ..verifiers import VERIFIERS
-from .speculators_format import SPECULATORS_TYPES
+from .registry import METHOD_SPECS
 
-# our method -> vLLM's `method` (and any setting it implies); speculators types keep their names, as vLLM's own
-# reader of the speculators format does (peagle runs as eagle3 with parallel drafting)
-VLLM_METHODS = {
-    "prompt-lookup": {"method": "ngram"},
-    "suffix": {"method": "suffix"},
-    "draft-model": {"method": "draft_model"},
-    **{name: {"method": name} for name in SPECULATORS_TYPES},
-    "peagle": {"method": "eagle3", "parallel_drafting": True},
-}
 # our draft_quantization -> vLLM's `quantization` (FP8 weights quantized on load); int8/nf4/int4 have no in-flight
 # equivalent for a vLLM draft
 VLLM_QUANTIZATIONS = {"fp8": "fp8"}
@@ -35,19 +26,31 @@ def _check_verification(config) -> None:
 
 
 def _check_head(config) -> None:
-    """Refuses what vLLM cannot take from a learned-head preset: Medusa heads in FasterDecoding's layout, or a
-    token tree."""
-    if config.method == "medusa":
-        raise ValueError(
-            "vLLM reads Medusa heads in its own layout (blocks.*, lm_heads.*), not the FasterDecoding checkpoints "
-            "hf_speculators reads: `hf-speculators export NAME --to vllm` (or `convert_medusa_heads`) writes them in "
-            "vLLM's layout, then pass them as speculative_config={'method': 'medusa', 'model': FOLDER}."
-        )
-    if config.method in VLLM_METHODS and config.tree is not None:
+    """Refuses what vLLM cannot take: a method whose spec explains why (Medusa heads in FasterDecoding's layout), or
+    a token tree."""
+    spec = METHOD_SPECS[config.method]
+    if spec.vllm_refusal is not None:
+        raise ValueError(spec.vllm_refusal)
+    if spec.vllm is not None and config.tree is not None:
         raise ValueError(
             f"tree={config.tree!r} has no vLLM equivalent in this export: vLLM drafts a chain of "
             "num_speculative_tokens. Remove tree (and set num_draft_tokens) to export."
         )
+
+
+def _check_trees(config) -> None:
+    """Refuses the settings of a drafter's own token trees and suffix decoding's offset (vLLM drafts one path)."""
+    if (config.num_candidates or 1) > 1:
+        raise ValueError(
+            f"num_candidates={config.num_candidates} (a token tree of prompt-lookup continuations) has no vLLM "
+            "equivalent: vLLM's ngram method drafts one continuation. Remove num_candidates to export."
+        )
+    if config.use_tree_spec:
+        raise ValueError("use_tree_spec=True (a token tree of suffix continuations) has no vLLM equivalent: vLLM's "
+                         "suffix method drafts one path. Remove use_tree_spec to export.")
+    if config.max_spec_offset:
+        raise ValueError(f"max_spec_offset={config.max_spec_offset} has no vLLM equivalent: vLLM's suffix method "
+                         "drafts max_spec_factor tokens per matched token. Remove max_spec_offset to export.")
 
 
 def _draft_settings(config, resolve_ids: bool) -> dict:
@@ -73,7 +76,7 @@ def _draft_settings(config, resolve_ids: bool) -> dict:
 def to_vllm(config, resolve_ids: bool = True) -> dict:
     """Returns vLLM's `speculative_config` for the same method and settings as `config`.
 
-    Mapping: method -> `method` (`VLLM_METHODS`), `num_draft_tokens` -> `num_speculative_tokens`,
+    Mapping: method -> `method` (its `MethodSpec.vllm`), `num_draft_tokens` -> `num_speculative_tokens`,
     `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, suffix decoding's settings ->
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
@@ -89,28 +92,18 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
             draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
     """
     _check_head(config)
-    if config.method not in VLLM_METHODS:
+    mapping = METHOD_SPECS[config.method].vllm
+    if mapping is None:
+        exportable = sorted(name for name, spec in METHOD_SPECS.items() if spec.vllm is not None)
         raise ValueError(
-            f"method={config.method!r} has no vLLM equivalent; the methods that export are {sorted(VLLM_METHODS)}. "
+            f"method={config.method!r} has no vLLM equivalent; the methods that export are {exportable}. "
             "Keep this one in transformers with hf_speculators."
         )
     _check_verification(config)
-    settings = dict(VLLM_METHODS[config.method])
-    if config.method == "prompt-lookup":
-        if (config.num_candidates or 1) > 1:
-            raise ValueError(
-                f"num_candidates={config.num_candidates} (a token tree of prompt-lookup continuations) has no vLLM "
-                "equivalent: vLLM's ngram method drafts one continuation. Remove num_candidates to export."
-            )
-        settings["prompt_lookup_max"] = config.resolved("max_ngram_size")
-        settings["prompt_lookup_min"] = config.resolved("min_ngram_size")
-    elif config.method == "suffix":
-        if config.use_tree_spec:
-            raise ValueError("use_tree_spec=True (a token tree of suffix continuations) has no vLLM equivalent: vLLM's "
-                             "suffix method drafts one path. Remove use_tree_spec to export.")
-        settings.update({f"suffix_decoding_{name}": config.resolved(name) for name in
-                         ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob")})
-    else:
+    _check_trees(config)
+    settings = {"method": mapping.method, **mapping.fixed}
+    settings.update({key: config.resolved(name) for name, key in mapping.fields.items()})
+    if mapping.draft:
         settings.update(_draft_settings(config, resolve_ids))
     num_draft_tokens = config.resolved("num_draft_tokens")
     if num_draft_tokens is not None:  # unset for a speculators type: vLLM reads it from the checkpoint

@@ -12,6 +12,7 @@ from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth, keep_features, take_features
 from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
+from .spec import MethodSpec, Setting, Variant, VllmMapping
 
 
 @dataclass
@@ -184,3 +185,12 @@ class DFlashDrafter(HeadDrafter):
 
     def __repr__(self) -> str:
         return f"DFlashDrafter(block_size={self.block_size}, {self.shape_repr()})"
+
+
+DFLASH_SPEC = MethodSpec(
+    "dflash", DFlashDrafter, required=("draft_model",), shared=("draft_revision", "tree"), loads="checkpoint",
+    checkpoint=Setting("dflash_model", str,
+                       help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target"),
+    variants={"dflash": Variant(length="own"), "dflash-tree": Variant(length="tree")}, vllm=VllmMapping("dflash"),
+    baselines=("hf-dflash",),
+)

@@ -11,6 +11,8 @@ from ..quantization import quantized_copy
 from ..query import Query, forward
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
+from ..quantization import QUANTIZATIONS
+from .spec import DRAFT_MODEL, MethodSpec, Variant, VllmMapping
 
 
 def vocabulary_size(model) -> int:
@@ -319,3 +321,12 @@ class DraftModelDrafter(Drafter):
 
     def __repr__(self) -> str:
         return f"DraftModelDrafter({type(self.draft_model).__name__}, num_draft_tokens={self.num_draft_tokens})"
+
+
+DRAFT_MODEL_SPEC = MethodSpec(
+    "draft-model", DraftModelDrafter, required=("draft_model",), shared=("draft_revision", "draft_quantization"),
+    loads="draft-model", checkpoint=DRAFT_MODEL,
+    variants={"draft-model": Variant(), **{f"self-draft-{quantization}": Variant(
+        settings={"draft_quantization": quantization}, checkpoint=False) for quantization in QUANTIZATIONS}},
+    vllm=VllmMapping("draft_model"), baselines=("hf-assisted", "hf-universal-assisted"),
+)

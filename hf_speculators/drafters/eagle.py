@@ -14,8 +14,9 @@ from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
 from ..vocab import widen_logits
 from .base import DraftState, StepFeedback, TargetNeeds
-from .head import HeadDrafter, keep_features, take_features
+from .head import HeadDrafter, keep_features, take_features, tree_depth
 from .tree_growth import DynamicTree, StaticTree, grow_trees, tree_shape
+from .spec import MethodSpec, Setting, Variant, VllmMapping
 
 
 @dataclass
@@ -303,3 +304,12 @@ class EagleDrafter(HeadDrafter):
 
     def __repr__(self) -> str:
         return f"EagleDrafter({type(self.head).__name__}, {self.shape_repr()})"
+
+
+EAGLE_HEAD = Setting("eagle_head", str,
+                     help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
+# the checkpoint's files say which EAGLE format; the method name is vLLM's
+EAGLE3_SPEC, EAGLE_SPEC = (MethodSpec(
+    name, EagleDrafter, required=("draft_model",), shared=("draft_revision", "tree"), loads="head",
+    checkpoint=EAGLE_HEAD, variants=variants, vllm=VllmMapping(name), draft_length=tree_depth,
+) for name, variants in (("eagle3", {"eagle3": Variant(), "eagle3-tree": Variant(length="depth")}), ("eagle", {})))

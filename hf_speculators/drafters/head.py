@@ -8,6 +8,7 @@ from torch import nn
 
 from ..draft import Draft
 from .base import Drafter, DraftState, StepFeedback
+from .tree_growth import tree_shape
 
 
 def bounded_depth(num_draft_tokens: int | None, tree, most: int, what: str) -> int:
@@ -140,3 +141,8 @@ class HeadDrafter(Drafter):
             f"{type(self).__name__} drafts from the target's hidden states, which only hf_speculators.generate "
             "records; run it through model.generate(..., custom_generate=hf_speculators.generate)."
         )
+
+
+def tree_depth(config) -> int | None:
+    """A learned head's draft length under `config.tree` (its depth), `None` for a chain."""
+    return None if config.tree is None else tree_shape(config.tree).depth

@@ -10,6 +10,9 @@ import torch
 from ..draft import Draft
 from ..metrics import clock
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
+from .eagle import EAGLE_HEAD
+from .spec import DRAFT_MODEL, MethodSpec, Setting, Variant
+from .suffix import SUFFIX_SETTINGS
 
 SOURCES = ("model_free", "model")
 # the weight, in steps, of the priors of `HybridState.free_accepted_per_score` (its drafts accepted as scored) and of
@@ -183,3 +186,12 @@ class HybridDrafter(Drafter):
 
     def __repr__(self) -> str:
         return f"HybridDrafter({self.model_free!r}, {self.model_drafter!r})"
+
+
+HYBRID_MODEL_METHODS = ("draft-model", "eagle3")  # the model drafters a hybrid pairs with suffix decoding
+HYBRID_SPEC = MethodSpec(
+    "hybrid", HybridDrafter, required=("draft_model",), shared=("draft_revision",),
+    settings=(Setting("model_method", str, choices=HYBRID_MODEL_METHODS, flag=False), *SUFFIX_SETTINGS),
+    loads="pair", checkpoint=DRAFT_MODEL,
+    variants={"hybrid": Variant(), "hybrid-eagle3": Variant(settings={"model_method": "eagle3"}, checkpoint=EAGLE_HEAD)},
+)

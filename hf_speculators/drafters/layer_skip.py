@@ -11,6 +11,7 @@ from ..decoder_layers import DecoderLayers
 from ..draft import Draft
 from ..vocab import DraftVocabHead, check_draft_vocab
 from .base import Drafter, DraftState, Resume
+from .spec import MethodSpec, Setting, Variant
 
 
 @dataclass
@@ -189,3 +190,15 @@ class LayerSkipDrafter(Drafter):
         vocab = "" if self.draft_vocab is None else f", draft_vocab=<{len(self.draft_vocab)} tokens>"
         return (f"LayerSkipDrafter(exit_layer={self.exit_layer}, num_draft_tokens={self.num_draft_tokens}"
                 f"{threshold}{vocab})")
+
+
+LAYER_SKIP_SPEC = MethodSpec(
+    "layer-skip", LayerSkipDrafter, required=("exit_layer",), settings=(
+        Setting("exit_layer", low=1, help="{methods}: the layers that draft"),
+        Setting("confidence_threshold", float, low=0, high=1, high_included=False,
+                help="{methods}: stop drafting after a token less likely than this"),
+        Setting("draft_vocab", str, metavar="RANKING",
+                help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)"),
+        Setting("draft_vocab_size", low=1, help="layer-skip: how many of the ranking's first ids draft (default: all)")),
+    variants={"layer-skip": Variant()}, baselines=("hf-early-exit",),
+)

@@ -9,6 +9,7 @@ import torch
 from ..tree import trie_from_sequences
 from ..draft import Draft
 from .base import Drafter, DraftState, StepFeedback
+from .spec import MethodSpec, Setting, Variant
 
 
 @functools.cache
@@ -157,3 +158,14 @@ class LookaheadDrafter(Drafter):
     def __repr__(self) -> str:
         return (f"LookaheadDrafter(window_size={self.window_size}, ngram_size={self.ngram_size}, "
                 f"verification_set_size={self.verification_set_size})")
+
+
+LOOKAHEAD_SPEC = MethodSpec(
+    "lookahead", LookaheadDrafter, settings=(
+        Setting("window_size", low=1, help="lookahead: W, the window's columns (default 4)"),
+        Setting("ngram_size", low=1, help="lookahead: N, the n-gram length (default 3)"),
+        Setting("verification_set_size", low=1, help="lookahead: G, the most n-grams verified per step (default 4)")),
+    variants={"lookahead": Variant(length="own")},
+    draft_length=lambda config: config.resolved("ngram_size") - 1,
+    no_draft_tokens="its drafts are ngram_size - 1 tokens long; set ngram_size.",
+)

@@ -13,8 +13,9 @@ from ..heads.medusa import MedusaHeads
 from ..heads.medusa_formats import read_medusa_heads
 from .base import DraftState, StepFeedback, TargetNeeds
 from .draft_model import vocabulary_size
-from .head import HeadDrafter
+from .head import HeadDrafter, tree_depth
 from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
+from .spec import MethodSpec, Setting, Variant
 
 # Medusa's default tree, `mc_sim_7b_63` in FasterDecoding/Medusa `medusa/model/medusa_choices.py` (@e2a5d20):
 # 63 paths of child ranks, depth <= 4, found by simulating acceptance with Vicuna-7B's heads (Cai et al. 2024,
@@ -194,3 +195,15 @@ class MedusaDrafter(HeadDrafter):
     def __repr__(self) -> str:
         return (f"MedusaDrafter(num_heads={self.heads.num_heads}, num_draft_tokens={self.num_draft_tokens}, "
                 f"tree={self.tree!r})")
+
+
+MEDUSA_SPEC = MethodSpec(
+    "medusa", MedusaDrafter, required=("draft_model",), shared=("draft_revision", "tree"), loads="head",
+    checkpoint=Setting("medusa_head", str,
+                       help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)"),
+    variants={"medusa": Variant(), "medusa-tree": Variant(length="depth")}, draft_length=tree_depth,
+    vllm_refusal=(
+        "vLLM reads Medusa heads in its own layout (blocks.*, lm_heads.*), not the FasterDecoding checkpoints "
+        "hf_speculators reads: `hf-speculators export NAME --to vllm` (or `convert_medusa_heads`) writes them in "
+        "vLLM's layout, then pass them as speculative_config={'method': 'medusa', 'model': FOLDER}."),
+)

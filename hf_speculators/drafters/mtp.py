@@ -13,6 +13,7 @@ from ..sampling import process_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth
 from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
+from .spec import MethodSpec, Variant, VllmMapping
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -238,3 +239,11 @@ class MTPDrafter(HeadDrafter):
 
     def __repr__(self) -> str:
         return f"MTPDrafter({self.num_layers} MTP layers, {self.shape_repr()})"
+
+
+# the target's own MTP layers, beside its checkpoint (draft_model: a speculators-format MTP checkpoint, for vLLM)
+MTP_SPEC = MethodSpec(
+    "mtp", MTPDrafter, shared=("tree", "draft_model", "draft_revision"), loads="target",
+    variants={"mtp": Variant(length="own"), "mtp-tree": Variant(length="tree")}, vllm=VllmMapping("mtp"),
+    baselines=("hf-mtp",),
+)

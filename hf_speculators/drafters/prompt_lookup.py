@@ -7,6 +7,7 @@ import torch
 from ..draft import Draft
 from ..tree import trie_from_sequences
 from .base import Drafter, DraftState
+from .spec import MethodSpec, Setting, Variant, VllmMapping
 
 MATCH_RULES = ("latest", "earliest")
 
@@ -154,3 +155,17 @@ class PromptLookupDrafter(Drafter):
             f"PromptLookupDrafter(num_draft_tokens={self.num_draft_tokens}, max_ngram_size={self.max_ngram_size}, "
             f"min_ngram_size={self.min_ngram_size}, prefer={self.prefer!r}, num_candidates={self.num_candidates})"
         )
+
+
+PROMPT_LOOKUP_SPEC = MethodSpec(
+    "prompt-lookup", PromptLookupDrafter, settings=(
+        Setting("max_ngram_size", low=1, help="prompt lookup's longest n-gram"),
+        Setting("min_ngram_size", low=1, help="prompt lookup's shortest n-gram"),
+        Setting("num_candidates", low=1, help="prompt-lookup-tree: continuations merged into the trie (default 4)"),
+        Setting("prefer", str, choices=MATCH_RULES,
+                help="our prompt lookups' match rule among earlier occurrences (default: latest)")),
+    variants={"prompt-lookup": Variant(ignores=("num_candidates",)), "prompt-lookup-tree": Variant(settings={"num_candidates": 4})},
+    vllm=VllmMapping("ngram", fields={"max_ngram_size": "prompt_lookup_max", "min_ngram_size": "prompt_lookup_min"},
+                     draft=False),
+    baselines=("hf-prompt-lookup",),
+)

@@ -17,6 +17,7 @@ from ..folders import write_folder
 from ..draft import Draft
 from .base import Drafter, DraftState
 from .prompt_lookup import NgramIndex
+from .spec import MethodSpec, Setting, Variant, VllmMapping
 
 KEY_SIZE = 3  # longest n-gram the indexes look up directly; longer matches are found by comparing backwards
 MAX_OCCURRENCES = 64  # occurrences of the matched n-gram examined per index and step (the most recent ones)
@@ -334,3 +335,21 @@ class SuffixDrafter(Drafter):
             f"max_spec_offset={self.max_spec_offset}, min_token_prob={self.min_token_prob}, "
             f"use_tree_spec={self.use_tree_spec})"
         )
+
+
+# suffix decoding's settings, which method "hybrid" takes too
+SUFFIX_SETTINGS = (
+    Setting("max_tree_depth", low=1, help="suffix, hybrid: the most tokens of a match and its draft together (default 24)"),
+    Setting("max_cached_requests", low=0,
+            help="suffix, hybrid: earlier outputs the drafter remembers across calls (default 1000; 0: none)"),
+    Setting("max_spec_factor", float, low=0, help="suffix, hybrid: draft tokens allowed per matched token (default 1.0)"),
+    Setting("max_spec_offset", float, help="suffix, hybrid: draft tokens allowed besides those (default 0.0)"),
+    Setting("min_token_prob", float, low=0, high=1,
+            help="suffix, hybrid: the lowest frequency-estimated probability drafted (default 0.1)"),
+    Setting("use_tree_spec", bool, flag=False),
+)
+SUFFIX_SPEC = MethodSpec(
+    "suffix", SuffixDrafter, settings=SUFFIX_SETTINGS, variants={"suffix": Variant()},
+    vllm=VllmMapping("suffix", fields={name: f"suffix_decoding_{name}" for name in (
+        "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob")}, draft=False),
+)

@@ -9,6 +9,7 @@ from ..draft import Draft
 from ..query import Query
 from .draft_model import DraftModelDrafter, DraftModelState
 from .tree_growth import DynamicTree, StaticTree, grow_trees, tree_shape
+from .spec import DRAFT_MODEL, MethodSpec, Variant
 
 
 class TreeDrafter(DraftModelDrafter):
@@ -119,3 +120,10 @@ class TreeDrafter(DraftModelDrafter):
 
     def __repr__(self) -> str:
         return f"TreeDrafter({type(self.draft_model).__name__}, tree={self.tree!r})"
+
+
+TREE_SPEC = MethodSpec(
+    "tree", TreeDrafter, required=("draft_model",), shared=("tree", "draft_revision", "draft_quantization"),
+    loads="draft-model", checkpoint=DRAFT_MODEL, variants={"draft-model-tree": Variant(length="depth")},
+    no_draft_tokens="set the tree's depth in tree (e.g. tree={'depth': 5}) or give its paths.",
+)

@@ -8,6 +8,7 @@ import torch
 from ..draft import Draft
 from ..sampling import process_logits
 from ..tree import TokenTree, tree_from_paths
+from .spec import Setting
 
 
 class DraftNodes:
@@ -240,3 +241,10 @@ def position_trees(shape: "StaticTree | DynamicTree", input_ids: Sequence[torch.
     root_logits = torch.stack([logits[0] if len(logits) else logits.new_zeros(vocab_size)
                                for logits in position_logits])
     return grow_trees(shape, input_ids, logits_processor, root_logits, budgets, forward)
+
+
+# the `method_config` keywords (and flags) of a dynamic tree's shape, for the named methods that draft trees
+TREE_SETTINGS = (
+    Setting("tree_top_k", low=1, help="draft-model-tree: nodes expanded per depth and children per node (default 4)"),
+    Setting("tree_nodes", low=1, help="draft-model-tree: node budget (default 24)"),
+)

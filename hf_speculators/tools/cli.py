@@ -15,6 +15,7 @@ from transformers import TextStreamer
 from ..config import SpeculativeConfig, method_fields
 from ..config.build import build_drafter
 from ..config.methods import LOADED_DRAFT, method_config
+from ..config.registry import checkpoint_methods, method_options
 from ..config.presets import bundled_card, bundled_presets, card_results
 from ..config.vllm_export import vllm_commands
 from ..decoding import enable
@@ -47,11 +48,7 @@ def _verifier(args) -> str | None:
 
 def _method_options(args) -> dict:
     """The named-method options of `hf_speculators.config.methods.method_config` that the command's flags give."""
-    names = ("num_draft_tokens", "max_ngram_size", "prefer", "num_candidates", "tree_top_k", "tree_nodes",
-             "exit_layer", "confidence_threshold", "draft_vocab", "draft_vocab_size", "eagle_head", "medusa_head",
-             "dflash_model", "gemma4_assistant", "max_tree_depth", "max_cached_requests", "max_spec_factor",
-             "min_token_prob", "window_size", "ngram_size", "verification_set_size")
-    return {name: getattr(args, name, None) for name in names}
+    return {name: getattr(args, name, None) for name in ("num_draft_tokens", *method_options())}
 
 
 def config_from_args(args) -> SpeculativeConfig:
@@ -67,8 +64,7 @@ def config_from_args(args) -> SpeculativeConfig:
     method = args.method
     if method is None and args.draft is not None and "draft_model" not in method_fields(config.method):
         method = "draft-model"  # --draft alone over a preset without a draft model (the default's)
-    heads = {"eagle_head": ("eagle3", "eagle"), "medusa_head": ("medusa",), "dflash_model": ("dflash",),
-             "gemma4_assistant": ("gemma4-assistant",)}
+    heads = checkpoint_methods()  # --eagle-head -> ("eagle3", "eagle"), ...
     given_head = next((name for name in heads if getattr(args, name) is not None), None)
     if method is None and given_head is not None:
         if config.method not in heads[given_head]:

@@ -4,15 +4,14 @@ usage errors as one line. The commands' functions are in `hf_speculators.tools.c
 import argparse
 from typing import Callable, Mapping
 
-from ..config.methods import METHODS
-from ..drafters.prompt_lookup import MATCH_RULES
+from ..config.registry import checkpoint_settings, method_options, named_methods
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
 from ..training.cli import add_training_commands
 from ..verifiers import VERIFIERS
 from .bench import DEFAULT_METHODS as DEFAULT_BENCH_METHODS
-from .bench import METHODS as BENCH_METHODS
+from .bench import bench_methods
 from .sweep import DEFAULT_TOP_K_SETTINGS, DEFAULT_TYPICAL_EPSILONS
 
 DEFAULT_PRESET = "demo-hybrid"  # the fastest lossless demo preset, greedy and sampling (docs/benchmarks/model_free.md)
@@ -52,10 +51,7 @@ def _number(kind, low=None, high=None, low_included=True, high_included=True):
 POSITIVE_INT = _number(int, low=1)
 NON_NEGATIVE_INT = _number(int, low=0)
 PROBABILITY = _number(float, low=0, high=1, low_included=False)
-CONFIDENCE = _number(float, low=0, high=1, high_included=False)
 POSITIVE_FLOAT = _number(float, low=0, low_included=False)
-NON_NEGATIVE_FLOAT = _number(float, low=0)
-UNIT_INTERVAL = _number(float, low=0, high=1)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -116,15 +112,18 @@ def _add_verifier_option(parser: argparse.ArgumentParser, default: str) -> None:
 
 
 def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None, default_medusa: str | None) -> None:
-    parser.add_argument("--eagle-head", default=default_eagle,
-                        help="eagle3 and eagle3-tree: the EAGLE draft head checkpoint (default: the demo target's)")
-    parser.add_argument("--medusa-head", default=default_medusa,
-                        help="medusa and medusa-tree: the Medusa heads checkpoint (default: the demo target's)")
-    parser.add_argument("--dflash-model", default=None,
-                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target")
-    parser.add_argument("--gemma4-assistant", default=None,
-                        help="gemma4-assistant: the Gemma 4 assistant's checkpoint, made for the target "
-                             "(transformers >= 5.24)")
+    """The flags naming a method's checkpoint (`--eagle-head`...), from the method specs."""
+    defaults = {"eagle_head": default_eagle, "medusa_head": default_medusa}
+    for setting in checkpoint_settings().values():
+        _add_setting(parser, setting, "", defaults.get(setting.name))
+
+
+def _add_setting(parser: argparse.ArgumentParser, setting, methods: str, default=None) -> None:
+    """The flag of a method spec's `Setting`: its type and bounds checked at parsing, unset (`None`) by default."""
+    kind = None if setting.kind is str else _number(setting.kind, setting.low, setting.high, setting.low_included,
+                                                     setting.high_included)
+    parser.add_argument(f"--{setting.name.replace('_', '-')}", type=kind, choices=setting.choices, default=default,
+                        metavar=setting.metavar, help=setting.help.replace("{methods}", methods))
 
 
 def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
@@ -135,44 +134,13 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
 
 
-# (flag, type, help) of the tree and model-free drafters' options; unset (None), they keep the method's defaults
-TREE_OPTIONS = (
-    ("--num-candidates", POSITIVE_INT, "prompt-lookup-tree: continuations merged into the trie (default 4)"),
-    ("--tree-top-k", POSITIVE_INT, "draft-model-tree: nodes expanded per depth and children per node (default 4)"),
-    ("--tree-nodes", POSITIVE_INT, "draft-model-tree: node budget (default 24)"),
-)
-MODEL_FREE_OPTIONS = (
-    ("--max-tree-depth", POSITIVE_INT, "suffix, hybrid: the most tokens of a match and its draft together (default 24)"),
-    ("--max-cached-requests", NON_NEGATIVE_INT,
-     "suffix, hybrid: earlier outputs the drafter remembers across calls (default 1000; 0: none)"),
-    ("--max-spec-factor", NON_NEGATIVE_FLOAT, "suffix, hybrid: draft tokens allowed per matched token (default 1.0)"),
-    ("--min-token-prob", UNIT_INTERVAL,
-     "suffix, hybrid: the lowest frequency-estimated probability drafted (default 0.1)"),
-    ("--window-size", POSITIVE_INT, "lookahead: W, the window's columns (default 4)"),
-    ("--ngram-size", POSITIVE_INT, "lookahead: N, the n-gram length (default 3)"),
-    ("--verification-set-size", POSITIVE_INT, "lookahead: G, the most n-grams verified per step (default 4)"),
-)
-
-
-def _add_options(parser: argparse.ArgumentParser, options) -> None:
-    """Adds each `(flag, type, help)` of `options`, unset by default."""
-    for flag, kind, text in options:
-        parser.add_argument(flag, type=kind, default=None, help=text)
-
-
-def _add_drafter_settings(parser: argparse.ArgumentParser, exit_layer_methods: str) -> None:
-    """The drafters' setting flags of `generate` and `bench`; `exit_layer_methods` names the methods that draft with
-    the target's first layers."""
-    parser.add_argument("--exit-layer", type=POSITIVE_INT, default=None,
-                        help=f"{exit_layer_methods}: the layers that draft")
-    parser.add_argument("--confidence-threshold", type=CONFIDENCE, default=None,
-                        help=f"{exit_layer_methods}: stop drafting after a token less likely than this")
-    parser.add_argument("--draft-vocab", default=None, metavar="RANKING",
-                        help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)")
-    parser.add_argument("--draft-vocab-size", type=POSITIVE_INT, default=None,
-                        help="layer-skip: how many of the ranking's first ids draft (default: all)")
-    _add_options(parser, TREE_OPTIONS)
-    _add_options(parser, MODEL_FREE_OPTIONS)
+def _add_drafter_settings(parser: argparse.ArgumentParser, exit_layer_methods: str, skip: tuple = ()) -> None:
+    """The flags of the method specs' settings (but those in `skip`, which the command defines itself), unset by
+    default so that each keeps the method's default; `exit_layer_methods` names the methods that draft with the
+    target's first layers."""
+    for setting in method_options().values():
+        if setting.flag and setting.name not in skip and setting.name not in checkpoint_settings():
+            _add_setting(parser, setting, exit_layer_methods)
 
 
 def _typical_settings(text: str) -> list[float | tuple[float, float]]:
@@ -207,12 +175,10 @@ def _add_generate(commands, run) -> None:
                           "the flags below override its settings")
     _add_model_options(gen, threads=None, from_preset=True)
     _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
-    gen.add_argument("--method", choices=METHODS, default=None,
+    gen.add_argument("--method", choices=tuple(named_methods()), default=None,
                      help="default: the preset's (the same method names as bench and sweep)")
     _add_drafter_settings(gen, "layer-skip")
     _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
-    gen.add_argument("--max-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's longest n-gram")
-    gen.add_argument("--min-ngram-size", type=POSITIVE_INT, default=None, help="prompt lookup's shortest n-gram")
     _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
     _add_sampling_options(gen)
     gen.set_defaults(run=run)
@@ -233,14 +199,12 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                        help="run each of our methods once per item, side by side: K draft tokens every step, or "
                             "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6); transformers' methods run once per K")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
-                       help=f"comma-separated: {','.join(BENCH_METHODS)} (default: those without an exit layer)")
+                       help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
-    _add_drafter_settings(bench, "hf-early-exit and layer-skip")
-    _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(METHODS)})")
+    _add_drafter_settings(bench, "hf-early-exit and layer-skip", skip=("max_ngram_size",))
+    _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(named_methods())})")
     _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(bench)
-    bench.add_argument("--prefer", choices=MATCH_RULES, default=None,
-                       help="our prompt lookups' match rule among earlier occurrences (default: latest)")
     bench.add_argument("--batch-size", type=POSITIVE_INT, default=1, metavar="B",
                        help="prompts per generate call, grouped in order and left padded; each method runs per batch "
                             "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
@@ -255,9 +219,8 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="fidelity/acceptance trade-off of the relaxed verifiers (greedy)")
     _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1, from_preset=False)
-    sweep.add_argument("--method", choices=METHODS, default="draft-model-tree")
-    sweep.add_argument("--exit-layer", type=POSITIVE_INT, default=None, help="layer-skip: the layers that draft")
-    _add_options(sweep, TREE_OPTIONS)
+    sweep.add_argument("--method", choices=tuple(named_methods()), default="draft-model-tree")
+    _add_drafter_settings(sweep, "layer-skip")
     _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(sweep)
     sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,

@@ -17,10 +17,10 @@ from .records import RecordWriter, read_records
 from .run import run_benchmark
 from .settings import (
     DEFAULT_METHODS, DRAFT_MODEL_METHODS, EXIT_LAYER_METHODS, METHODS, TRANSFORMERS_METHODS, BenchMethod, BenchSettings,
-    named_methods, variant_label,
+    bench_methods, named_methods, variant_label,
 )
 from .summaries import FIGURE_FORMATS, BenchmarkResult, summarize
 
 __all__ = ["DEFAULT_METHODS", "DRAFT_MODEL_METHODS", "EXIT_LAYER_METHODS", "FIGURE_FORMATS", "METHODS",
            "TRANSFORMERS_METHODS", "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt", "RecordWriter",
-           "load_prompts", "named_methods", "read_records", "run_benchmark", "summarize", "variant_label"]
+           "bench_methods", "load_prompts", "named_methods", "read_records", "run_benchmark", "summarize", "variant_label"]

@@ -8,22 +8,39 @@ from typing import Sequence
 from ...config import SpeculativeConfig
 from ...config import methods as speculative_methods
 from ...config.methods import LOADED_DRAFT
+from ...config.registry import METHOD_SPECS, checkpoint_of
+from ...config.registry import named_methods as registry_methods
 from ...schedules import check_schedule
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
                    "draft-model-tree")
-EXIT_LAYER_METHODS = ("hf-early-exit", "layer-skip")
-# the model-free methods beyond prompt lookup, the exit-layer methods (they need exit_layer=), the self-draft ones
-# (a quantization library; "self-draft-fp8" a GPU) and the head methods (a draft head checkpoint made for the
-# target): run when asked for only
-METHODS = (*DEFAULT_METHODS, "hf-universal-assisted", "suffix", "lookahead", "hybrid", *EXIT_LAYER_METHODS,
-           *speculative_methods.SELF_DRAFT_METHODS, *speculative_methods.HEAD_METHODS,
-           *speculative_methods.NATIVE_METHODS, "hf-mtp", "hf-dflash", "hf-gemma4-assistant")
-DRAFT_MODEL_METHODS = ("hf-assisted", "hf-universal-assisted", *speculative_methods.DRAFT_MODEL_METHODS)
-# transformers' own methods, run as baselines: name -> the config method they correspond to
-TRANSFORMERS_METHODS = {"hf-prompt-lookup": "prompt-lookup", "hf-assisted": "draft-model",
-                        "hf-universal-assisted": "draft-model", "hf-early-exit": "layer-skip", "hf-mtp": "mtp",
-                        "hf-dflash": "dflash", "hf-gemma4-assistant": "gemma4-assistant"}
+
+
+def bench_methods() -> tuple[str, ...]:
+    """Every method the benchmark knows, in its canonical order: `"plain"`, then per `MethodSpec` its transformers
+    baselines and its named methods. Those beyond `DEFAULT_METHODS` run when asked for only: the model-free methods
+    beyond prompt lookup, the exit-layer ones (they need exit_layer=), the self-draft ones (a quantization library;
+    "self-draft-fp8" a GPU) and those that draft with a checkpoint made for the target."""
+    return ("plain", *(name for spec in METHOD_SPECS.values() for name in (*spec.baselines, *spec.variants)))
+
+
+def transformers_methods() -> dict[str, str]:
+    """transformers' own methods, run as baselines: name -> the config method they correspond to."""
+    return {baseline: spec.name for spec in METHOD_SPECS.values() for baseline in spec.baselines}
+
+
+def _spec_of(method: str):
+    """The `(MethodSpec, Variant or None)` of a named method or a baseline."""
+    if method in transformers_methods():
+        return METHOD_SPECS[transformers_methods()[method]], None
+    return registry_methods()[method]
+
+
+METHODS = bench_methods()  # at import; `bench_methods()` sees a spec added later
+EXIT_LAYER_METHODS = tuple(m for m in METHODS[1:] if "exit_layer" in _spec_of(m)[0].required)
+DRAFT_MODEL_METHODS = (*(m for m in transformers_methods() if _spec_of(m)[0].loads == "draft-model"),
+                       *speculative_methods.DRAFT_MODEL_METHODS)
+TRANSFORMERS_METHODS = transformers_methods()
 TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
 ENGINES = ("hf_speculators", "transformers")
 
@@ -185,20 +202,22 @@ def named_methods(
         `ValueError`: an unknown name (listing `METHODS`), an exit-layer method without `exit_layer`, a head method
             without its checkpoint, or settings a config refuses (naming the field).
     """
-    unknown = sorted(set(names) - set(METHODS))
+    known = bench_methods()
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(METHODS)}.")
+        raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(known)}.")
     draft_model = draft_model or LOADED_DRAFT
-    needs_exit = [m for m in names if m in EXIT_LAYER_METHODS]
+    needs_exit = [m for m in names if m != "plain" and "exit_layer" in _spec_of(m)[0].required]
     if needs_exit and options.get("exit_layer") is None:
         raise ValueError(f"Methods {needs_exit} need an exit layer: pass exit_layer= or drop them from methods.")
-    for method in names:
-        option = speculative_methods.CHECKPOINT_OPTIONS.get(method.removeprefix("hf-"))
-        if option is not None and options.get(option) is None:
+    for method in (m for m in names if m != "plain"):
+        spec, variant = _spec_of(method)
+        option = getattr(spec.checkpoint if variant is None else checkpoint_of(spec, variant), "name", "draft_model")
+        if option != "draft_model" and options.get(option) is None:
             raise ValueError(f"Method {method!r} needs a draft head checkpoint: pass {option}= or drop it from methods.")
     chosen = {}
-    for method in (m for m in METHODS if m in names and m != "plain"):
-        if method in TRANSFORMERS_METHODS:
+    for method in (m for m in known if m in names and m != "plain"):
+        if method in transformers_methods():
             for label, k in _baseline_variants(method, num_draft_tokens, variants):
                 config = _transformers_config(method, k, max_ngram_size, draft_model, options)
                 chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
