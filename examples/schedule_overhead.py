@@ -12,6 +12,7 @@ import random
 import time
 
 from hf_speculators.schedules import SCHEDULES, make_schedule
+from hf_speculators.step import RowOutcome
 
 
 def synthetic_steps(num_steps: int, bound: int, seed: int = 0) -> list[tuple]:
@@ -22,16 +23,17 @@ def synthetic_steps(num_steps: int, bound: int, seed: int = 0) -> list[tuple]:
         accepted = 0
         while accepted < k and rng.random() < 0.7:
             accepted += 1
-        steps.append((k, accepted, 0.003 * k * rng.uniform(0.9, 1.1), (0.010 + 0.001 * (k + 1)) * rng.uniform(0.9, 1.1)))
+        outcome = RowOutcome(0, k, k, k, list(range(accepted)), accepted + 1, False)  # one row
+        steps.append(([outcome], 0.003 * k * rng.uniform(0.9, 1.1), (0.010 + 0.001 * (k + 1)) * rng.uniform(0.9, 1.1)))
     return steps
 
 
 def microseconds_per_step(name: str, bound: int, steps: list[tuple]) -> float:
     schedule = make_schedule(name, bound)
     start = time.perf_counter()
-    for k, accepted, draft_seconds, verify_seconds in steps:
+    for outcomes, draft_seconds, verify_seconds in steps:
         schedule.draft_length  # what the loop reads before a step
-        schedule.update(k, [k], [k], [accepted], draft_seconds, verify_seconds)  # one row
+        schedule.update(outcomes, draft_seconds, verify_seconds)
     return (time.perf_counter() - start) / len(steps) * 1e6
 
 

@@ -11,6 +11,7 @@ from .outputs import CACHE_FIELD, SpeculativeGenerateOutput, commit_tokens
 from .query import Query
 from .sampling import row_processors, process_logits
 from .schedules import DraftLengthSchedule
+from .step import Proposal, RowOutcome, TargetOutput
 from .target import TargetForward
 from .verifiers import Verifier
 
@@ -79,10 +80,9 @@ class SpeculativeLoop:
         positions = torch.arange(num_cached, input_ids.shape[1] - 1)
         valid = positions >= torch.tensor(num_pads)[:, None]  # [batch_size, prompt length - 1 - num_cached]
         if valid.shape[1]:
-            query = Query.chain(input_ids[:, num_cached:-1], valid)
-            self.target(self.cache, query, num_logits=1)
+            output = self.target(self.cache, Query.chain(input_ids[:, num_cached:-1], valid), num_logits=1)
             self.stats.num_target_forwards += 1
-            self._feedback(valid, None, None)
+            self._feedback(valid, output)
             self.cache.append(valid)
         self.stats.verify_time += clock(self.device) - start
 
@@ -94,54 +94,36 @@ class SpeculativeLoop:
                 for row in rows]
 
     def step(self) -> bool:
-        """One step for every running row: draft, one target forward, verify, commit. Returns whether all finished."""
-        # 1. a draft per row, as long as the schedule says and the row's length budget leaves room for
+        """One step for every running row: propose, query, forward, verify, commit, observe. Returns whether all
+        finished."""
         start = clock(self.device)
         rows = self.running
         budgets = self._budgets(rows)
-        if max(budgets) > 0:
-            committed = [self.sequences[row][:, self.num_pads[row]:] for row in rows]
-            drafts = self.drafter.propose(self.state, committed, budgets, rows)
-        else:
-            drafts = [Draft.empty(self.device) for _ in rows]
-        resume, self.state.resume = self.state.resume, None
+        proposal = self._propose(rows, budgets)
         verify_start = clock(self.device)
-        # 2. one target forward over every row's pending token and draft (chain or tree)
-        pending = torch.cat([self.sequences[row][0, -1:] for row in rows])
-        query = Query.from_drafts(pending.to(self.device), drafts, self.pad_token_id)
-        logits = self.target(self.cache, query, resume)  # [rows, num_query, vocab]
-        # 3. per row: logits processors, verification, commit until a stopping criterion
-        finished, accepted, kept_slots = [], [], []
-        for i, (row, draft) in enumerate(zip(rows, drafts)):
-            nodes, done = self._verify_and_commit(row, draft, logits[i, : draft.num_nodes + 1], budgets[i])
-            kept_slots.append([0] + [1 + node for node in nodes])  # the pending token, then the accepted path
-            finished.append(done)
-            accepted.append(len(nodes))
-        keep = torch.zeros_like(query.valid)
-        keep[[i for i, slots in enumerate(kept_slots) for _ in slots], [j for slots in kept_slots for j in slots]] = (
-            True)
-        # 4. the drafter reads what it needs of the forward; each row's cache keeps its committed slots
-        self._feedback(keep, query, logits, accepted)
-        self.cache.append(keep, gather=query.visible is not None)  # a chain's kept slots come first already
-        if any(finished):
-            self.running = [row for row, done in zip(rows, finished) if not done]
-            if self.running:  # one row's cache stays for the output
-                self.cache.keep_rows(self.running)
-        # 5. timings; the schedule learns from every row of the step at once
-        end = clock(self.device)
-        self.stats.num_target_forwards += 1
-        self.stats.draft_time += verify_start - start
-        self.stats.verify_time += end - verify_start
-        self.schedule.update(max(budgets), [draft.num_nodes for draft in drafts],
-                             [draft.tree.depth for draft in drafts], accepted, verify_start - start,
-                             end - verify_start)
+        pending = torch.cat([self.sequences[row][0, -1:] for row in rows]).to(self.device)
+        query = Query.from_drafts(pending, proposal.drafts, self.pad_token_id)
+        output = self.target(self.cache, query, proposal.resume)  # logits [rows, num_query, vocab]
+        outcomes = [self._verify_and_commit(row, draft, output.logits[i, : draft.num_nodes + 1], budgets[i])
+                    for i, (row, draft) in enumerate(zip(rows, proposal.drafts))]
+        keep = torch.zeros_like(query.valid)  # [rows, num_query]: each row's pending token and accepted path
+        for i, outcome in enumerate(outcomes):
+            keep[i, outcome.kept_slots] = True
+        self._feedback(keep, output, query, outcomes)  # the drafter reads what it asked for of the forward
+        self._keep_slots(keep, query, outcomes)
+        self._observe(outcomes, verify_start - start, clock(self.device) - verify_start)
         return not self.running
 
-    def _verify_and_commit(self, row: int, draft: Draft, logits: torch.FloatTensor,
-                           budget: int) -> tuple[list[int], bool]:
-        """Verifies row `row`'s draft against its logits `(num_nodes + 1, vocab)` and commits the new tokens.
+    def _propose(self, rows: list[int], budgets: list[int]) -> Proposal:
+        """Each running row's draft, as long as its budget; without a drafter call when every budget is 0."""
+        if max(budgets) == 0:
+            return Proposal([Draft.empty(self.device) for _ in rows])
+        committed = [self.sequences[row][:, self.num_pads[row]:] for row in rows]
+        return Proposal.of(self.drafter.propose(self.state, committed, budgets, rows))
 
-        Returns the accepted nodes, root to leaf, and whether the row finished."""
+    def _verify_and_commit(self, row: int, draft: Draft, logits: torch.FloatTensor, budget: int) -> RowOutcome:
+        """Verifies row `row`'s draft (asked for `budget` tokens) against its logits `(num_nodes + 1, vocab)` and
+        commits the new tokens."""
         prefixes = draft.tree.prefixes(self.sequences[row], draft.token_ids, range(-1, draft.num_nodes))
         scores = process_logits(self.processors[row], prefixes, logits)  # [num_nodes + 1, vocab]
         verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
@@ -151,9 +133,26 @@ class SpeculativeLoop:
         self.sequences[row], committed, finished = commit_tokens(self.sequences[row], new_tokens, scores[scored_by],
                                                                  self.stopping_criteria)
         self._extra_outputs(new_tokens[:committed], scored_by[:committed], scores, logits)
-        self.row_stats[row].record(draft.num_nodes, min(verdict.num_accepted, committed), committed,
-                                   depth=draft.tree.depth, draft_length=budget)
-        return nodes, finished
+        return RowOutcome(row, budget, draft.num_nodes, draft.tree.depth, nodes, committed, finished)
+
+    def _keep_slots(self, keep: torch.BoolTensor, query: Query, outcomes: list[RowOutcome]) -> None:
+        """Each row's cache keeps its `keep` slots `(rows, num_query)`; the rows that finished leave the batch."""
+        self.cache.append(keep, gather=query.visible is not None)  # a chain's kept slots come first already
+        if any(outcome.finished for outcome in outcomes):
+            self.running = [outcome.row for outcome in outcomes if not outcome.finished]
+            if self.running:  # one row's cache stays for the output
+                self.cache.keep_rows(self.running)
+
+    def _observe(self, outcomes: list[RowOutcome], draft_seconds: float, verify_seconds: float) -> None:
+        """The step's timings; each row's stats and the schedule learn from the step's outcomes."""
+        self.stats.num_target_forwards += 1
+        self.stats.draft_time += draft_seconds
+        self.stats.verify_time += verify_seconds
+        for outcome in outcomes:
+            self.row_stats[outcome.row].record(
+                outcome.num_nodes, min(outcome.num_accepted, outcome.num_committed), outcome.num_committed,
+                depth=outcome.depth, draft_length=outcome.draft_length)
+        self.schedule.update(outcomes, draft_seconds, verify_seconds)
 
     def _extra_outputs(self, new_tokens: torch.LongTensor, scored_by: list[int], scores, logits) -> None:
         """Streams the committed tokens and keeps their scores and logits, when asked (one row only)."""
@@ -164,16 +163,17 @@ class SpeculativeLoop:
         if self.streamer is not None:
             self.streamer.put(new_tokens.cpu())
 
-    def _feedback(self, keep: torch.BoolTensor, query: Query | None, logits: torch.FloatTensor | None,
-                  accepted: list[int] | None = None) -> None:
-        """Hands the drafter the features of each row's kept slots, the logits of its unverified tokens and, after a
-        step, each row's accepted draft tokens (after a prefill: only when it reads features)."""
+    def _feedback(self, keep: torch.BoolTensor, output: TargetOutput, query: Query | None = None,
+                  outcomes: list[RowOutcome] | None = None) -> None:
+        """Hands the drafter the features of each row's kept slots `keep` `(rows, num_query)`, the logits of its
+        unverified tokens and, after a step, each row's accepted draft tokens (after a prefill: only when it reads
+        features)."""
         if not self.observes:  # the drafter ignores feedback: build none (prompt lookup, the draft model, ...)
             return
-        features = self.target.features
+        features, logits = output.features, output.logits
         extra = query is not None and query.visible is not None and any(
             int(query.valid[i].sum()) > n for i, n in enumerate(query.num_verified))
-        if features is None and not extra and accepted is None:
+        if features is None and not extra and outcomes is None:
             return
         rows = self.running
         kept = [keep[i].to(features.device) for i in range(len(rows))] if features is not None else None
@@ -183,7 +183,7 @@ class SpeculativeLoop:
             features=None if kept is None else [features[i, slots] for i, slots in enumerate(kept)],
             extra_logits=None if not extra else [
                 logits[i, n : int(query.valid[i].sum())] for i, n in enumerate(query.num_verified)],
-            num_accepted=accepted,
+            num_accepted=None if outcomes is None else [outcome.num_accepted for outcome in outcomes],
         ))
 
     def output(self) -> SpeculativeGenerateOutput:

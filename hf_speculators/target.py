@@ -10,8 +10,9 @@ import torch
 
 from .cache import RaggedCache, truncate_layers
 from .decoder_layers import DecoderLayers, feature_modules
-from .drafters.base import Resume, TargetNeeds
+from .drafters.base import TargetNeeds
 from .query import Query, forward
+from .step import Resume, TargetOutput
 
 
 def _layer_input(captured: dict, slot: int):
@@ -83,19 +84,18 @@ class TargetForward:
 
     Args:
         model (`PreTrainedModel`): the target.
-        needs (`TargetNeeds`): the hidden states the drafter reads; after each call `features` holds them
-            `(batch_size, num_query, width)` (else `None`).
+        needs (`TargetNeeds`): the hidden states the drafter reads (`TargetOutput.features`).
     """
 
     def __init__(self, model, needs: TargetNeeds):
         self.model = model
         self.capture = FeatureCapture(model, needs) if needs.features else None
-        self.features: torch.FloatTensor | None = None
         self._layers: DecoderLayers | None = None
 
     def __call__(self, cache: RaggedCache, query: Query, resume: Resume | None = None,
-                 num_logits: int | None = None) -> torch.FloatTensor:
-        """The target's logits `(batch_size, num_logits or num_query, vocab_size)` over `query`.
+                 num_logits: int | None = None) -> TargetOutput:
+        """The target's logits over `query`, of its last `num_logits` slots (default: all), and the features of every
+        slot the drafter reads.
 
         With `resume` (layer skip), only the decoder layers from `resume.exit_layer` on run, from its hidden
         states: the drafter ran the layers below over these very slots.
@@ -108,9 +108,8 @@ class TargetForward:
         else:
             run = lambda: self._resume(cache, query, resume, num_logits)  # noqa: E731
         if self.capture is None:
-            return run()
-        logits, self.features = self.capture.run(run)
-        return logits
+            return TargetOutput(run())
+        return TargetOutput(*self.capture.run(run))
 
     def _resume(self, cache: RaggedCache, query: Query, resume: Resume, num_logits: int | None) -> torch.FloatTensor:
         """Runs layers `[exit_layer, L)`, the final norm and the LM head over `query` from `resume.hidden_states`."""

@@ -134,9 +134,9 @@ def test_verifying_other_slots_than_the_drafted_ones_raises(deep_targets):
     ragged = RaggedCache(DynamicCache(config=model.config), torch.zeros(2, 0, dtype=torch.bool))
     drafter = hs.LayerSkipDrafter(exit_layer=1, num_draft_tokens=3)
     state = drafter.new_state(model, GenerationConfig(do_sample=False), cache=ragged, batch_size=2)
-    drafts = drafter.propose(state, [torch.tensor([[4, 8]]), torch.tensor([[7]])], [3, 1], [0, 1])
-    assert [draft.num_nodes for draft in drafts] == [3, 1]
-    assert state.resume.valid.tolist() == [[True] * 4, [True, True, False, False]]
+    proposal = drafter.propose(state, [torch.tensor([[4, 8]]), torch.tensor([[7]])], [3, 1], [0, 1])
+    assert [draft.num_nodes for draft in proposal] == [3, 1]
+    assert proposal.resume.valid.tolist() == [[True] * 4, [True, True, False, False]]
     query = Query.chain(torch.zeros(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(RuntimeError, match="must cover exactly the query slots the loop built"):
-        TargetForward(model, drafter.target_needs(model))(ragged, query, state.resume)
+        TargetForward(model, drafter.target_needs(model))(ragged, query, proposal.resume)

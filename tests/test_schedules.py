@@ -16,12 +16,20 @@ from hf_speculators import loop
 from hf_speculators.tools import cli
 from hf_speculators.schedules import SCHEDULES, HeuristicSchedule, make_schedule
 from hf_speculators.schedules.goodput import CostFit, GoodputSchedule, MovingAverage
+from hf_speculators.step import RowOutcome
 from speculative_helpers import assert_cache_matches_sequence, assert_same_tokens, make_drafter, prompt_ids
 from test_lossless import START_TOKEN, VOCAB, draft_chain, statistics, target_scores
 
 MAX_NEW_TOKENS = 40
 PROMPT_REPETITIVE = prompt_ids("repetitive")[0].tolist()
 BOUND = 6
+
+
+def step_outcomes(draft_length: int, num_nodes, depths, num_accepted) -> list[RowOutcome]:
+    """A step's outcomes of rows that were asked for `draft_length` tokens, drafted `num_nodes[i]` of depth
+    `depths[i]` and had `num_accepted[i]` accepted (as chains)."""
+    return [RowOutcome(row, draft_length, nodes, depth, list(range(accepted)), accepted + 1, False)
+            for row, (nodes, depth, accepted) in enumerate(zip(num_nodes, depths, num_accepted))]
 
 
 # ---------------------------------------------------------------- exactness under every schedule
@@ -147,8 +155,9 @@ def test_heuristic_schedule_follows_transformers_rule():
         assert k == assisted.num_assistant_tokens
         num_accepted = k if rng.random() < 0.4 else rng.randrange(k)
         AssistedCandidateGenerator.update_candidate_strategy(assisted, None, torch.zeros(1, k + 1, 4), num_accepted)
-        ours.update(k, [k], [k], [num_accepted], 0.0, 0.0)
-    ours.update(ours.draft_length, [0], [0], [0], 0.0, 0.0)  # an empty draft (prompt lookup found nothing): unchanged
+        ours.update(step_outcomes(k, [k], [k], [num_accepted]), 0.0, 0.0)
+    # an empty draft (prompt lookup found nothing): unchanged
+    ours.update(step_outcomes(ours.draft_length, [0], [0], [0]), 0.0, 0.0)
     assert ours.draft_length == assisted.num_assistant_tokens
 
 
@@ -156,20 +165,21 @@ def test_in_a_batch_the_heuristic_moves_at_most_two_up_or_one_down_per_step():
     """One update per step with every row: +2 when every row that drafted had its whole draft accepted, else -1
     (called once per row, as before the one loop, it moved +2B / -B per step)."""
     schedule = HeuristicSchedule(5)
-    schedule.update(5, [5, 5, 5, 5], [5, 5, 5, 5], [5, 5, 5, 5], 0.0, 0.0)
+    schedule.update(step_outcomes(5, [5, 5, 5, 5], [5, 5, 5, 5], [5, 5, 5, 5]), 0.0, 0.0)
     assert schedule.draft_length == 7
-    schedule.update(7, [7, 7, 7, 7], [7, 7, 7, 7], [7, 0, 1, 7], 0.0, 0.0)
+    schedule.update(step_outcomes(7, [7, 7, 7, 7], [7, 7, 7, 7], [7, 0, 1, 7]), 0.0, 0.0)
     assert schedule.draft_length == 6
-    schedule.update(6, [6, 0, 6], [6, 0, 6], [6, 0, 6], 0.0, 0.0)  # a row without a draft does not count
+    # a row without a draft does not count
+    schedule.update(step_outcomes(6, [6, 0, 6], [6, 0, 6], [6, 0, 6]), 0.0, 0.0)
     assert schedule.draft_length == 8
-    schedule.update(8, [0, 0], [0, 0], [0, 0], 0.0, 0.0)  # no row drafted: unchanged
+    schedule.update(step_outcomes(8, [0, 0], [0, 0], [0, 0]), 0.0, 0.0)  # no row drafted: unchanged
     assert schedule.draft_length == 8
     rng = random.Random(0)
     for _ in range(200):
         k, rows = schedule.draft_length, rng.randint(1, 8)
         nodes = [rng.choice([0, k]) for _ in range(rows)]
         accepted = [n if rng.random() < 0.7 else rng.randrange(n + 1) for n in nodes]
-        schedule.update(k, nodes, nodes, accepted, 0.0, 0.0)
+        schedule.update(step_outcomes(k, nodes, nodes, accepted), 0.0, 0.0)
         assert schedule.draft_length - k in ((2, -1) if any(nodes) else (0,)) or schedule.draft_length == k == 1
 
 
@@ -179,14 +189,16 @@ def test_goodput_charges_a_batched_steps_seconds_once():
     rows, schedule = 4, GoodputSchedule(BOUND, explore_interval=None)
     for step in range(40):
         k = [2, 4, 6][step % 3]
-        schedule.update(k, [k] * rows, [k] * rows, [k // 2] * rows, 0.003 * k, 0.010 + 0.001 * rows * (k + 1))
+        schedule.update(step_outcomes(k, [k] * rows, [k] * rows, [k // 2] * rows), 0.003 * k,
+                        0.010 + 0.001 * rows * (k + 1))
     assert schedule.draft_cost.count == schedule.verify_cost.count == 40  # one observation per step, not per row
     assert schedule.draft_cost(4) == pytest.approx(0.012, rel=0.02)
     assert schedule.verify_cost(rows * 5) == pytest.approx(0.010 + 0.001 * rows * 5, rel=0.02)
     _, seconds = schedule.expected_tokens_and_seconds()  # a draft of k: draft(k) + verify(rows * (k + 1))
     assert seconds[BOUND] == pytest.approx(0.003 * BOUND + 0.010 + 0.001 * rows * (BOUND + 1), rel=0.05)
     for _ in range(5):
-        schedule.update(0, [0] * rows, [0] * rows, [0] * rows, 0.0, 0.014)  # plain steps: one observation each
+        # plain steps: one observation each
+        schedule.update(step_outcomes(0, [0] * rows, [0] * rows, [0] * rows), 0.0, 0.014)
     assert schedule.plain_cost.count == 5 and schedule.plain_cost.value == pytest.approx(0.014)
 
 
@@ -198,10 +210,10 @@ def test_a_batched_generate_updates_the_schedule_once_per_step(monkeypatch):
     calls = []
     update = HeuristicSchedule.update
 
-    def spy(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds):
+    def spy(self, outcomes, draft_seconds, verify_seconds):
         before = self.draft_length
-        update(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds)
-        calls.append((len(num_nodes), self.draft_length - before))
+        update(self, outcomes, draft_seconds, verify_seconds)
+        calls.append((len(outcomes), self.draft_length - before))
 
     monkeypatch.setattr(HeuristicSchedule, "update", spy)
     model = build_model("llama", hidden_size=48, num_layers=4, seed=1)
@@ -227,7 +239,7 @@ def simulate_steps(schedule, num_steps: int, acceptance, draft_cost: float, veri
         accepted = 0
         while accepted < depth and rng.random() < acceptance(accepted):
             accepted += 1
-        schedule.update(k, [depth], [depth], [accepted], draft_cost * depth,
+        schedule.update(step_outcomes(k, [depth], [depth], [accepted]), draft_cost * depth,
                         verify_intercept + verify_slope * (depth + 1))
         lengths.append(k)
     return lengths
@@ -244,7 +256,8 @@ def true_goodput(k: int, acceptance, draft_cost: float, verify_intercept: float,
 def test_the_first_step_drafts_the_bound_and_waits_for_a_measured_draft():
     schedule = GoodputSchedule(BOUND)
     assert schedule.draft_length == BOUND
-    schedule.update(BOUND, [0], [0], [0], 1e-5, 0.01)  # asked, found nothing (prompt lookup): no draft cost measured yet
+    # asked, found nothing (prompt lookup): no draft cost measured yet
+    schedule.update(step_outcomes(BOUND, [0], [0], [0]), 1e-5, 0.01)
     assert schedule.draft_length == BOUND
 
 
@@ -375,7 +388,7 @@ def first_two_tokens_scheduled(schedule, sampled: bool, generator: torch.Generat
         verdict = verifier(draft, target_scores(last, draft), do_sample=True, generator=generator)
         produced += draft.token_ids[verdict.accepted_nodes].tolist() + [int(verdict.next_token)]
         n = draft.num_nodes
-        schedule.update(k, [n], [n], [verdict.num_accepted], 0.004 * n, 0.01 + 0.001 * (n + 1))
+        schedule.update(step_outcomes(k, [n], [n], [verdict.num_accepted]), 0.004 * n, 0.01 + 0.001 * (n + 1))
     return produced[0], produced[1]
 
 
@@ -434,10 +447,11 @@ def test_a_probe_that_finds_nothing_to_draft_keeps_the_wait():
     simulate_steps(schedule, 12, lambda i: 0.0, draft_cost=0.003, verify_intercept=0.01, verify_slope=0.001,
                    rng=random.Random(0))
     while not schedule.probing:
-        schedule.update(0, [0], [0], [0], 0.0, 0.011)
+        schedule.update(step_outcomes(0, [0], [0], [0]), 0.0, 0.011)
     budget = schedule.probe_budget
     assert budget < schedule.probe_overhead  # the rejected probes before halved it
-    schedule.update(schedule.draft_length, [0], [0], [0], 1e-5, 0.011)  # prompt lookup found no match: an empty draft
+    # prompt lookup found no match: an empty draft
+    schedule.update(step_outcomes(schedule.draft_length, [0], [0], [0]), 1e-5, 0.011)
     assert schedule.probe_budget == budget
 
 

@@ -11,6 +11,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from ..cache import RaggedCache
 from ..draft import Draft
 from ..sampling import process_logits, sample
+from ..step import Proposal
 
 
 @dataclass(frozen=True)
@@ -31,26 +32,6 @@ class TargetNeeds:
     def features(self) -> bool:
         """Whether any hidden state is read."""
         return bool(self.layer_ids) or self.final_norm
-
-
-@dataclass(frozen=True)
-class Resume:
-    """A drafter's request that the loop's target forward starts at decoder layer `exit_layer` (layer skip).
-
-    The drafter already ran layers `[0, exit_layer)` over the step's query slots while drafting, writing their keys
-    and values into the target's cache; the loop runs only layers `[exit_layer, L)` from `hidden_states`.
-
-    Args:
-        exit_layer (`int`): the first layer the loop runs.
-        hidden_states (`torch.FloatTensor` of shape `(batch_size, num_query, hidden_size)`): the hidden states
-            entering `exit_layer` for every query slot.
-        valid (`torch.BoolTensor` of shape `(batch_size, num_query)`): the query slots the drafter fed (the loop
-            checks they are the slots it builds).
-    """
-
-    exit_layer: int
-    hidden_states: torch.FloatTensor
-    valid: torch.BoolTensor
 
 
 @dataclass
@@ -94,7 +75,6 @@ class DraftState:
         cache (`RaggedCache`, *optional*): the target's cache of this call, for drafters that write into it (layer
             skip); `None` outside the speculative loop (transformers' `get_candidates`).
         batch_size (`int`): rows in the call.
-        resume (`Resume`, *optional*): set by `propose` when the next target forward may start at an exit layer.
     """
 
     target: object
@@ -104,7 +84,6 @@ class DraftState:
     tokenizer: object = None
     cache: RaggedCache | None = None
     batch_size: int = 1
-    resume: Resume | None = None
 
     @property
     def do_sample(self) -> bool:
@@ -189,8 +168,12 @@ class Drafter(CandidateGenerator):
         """
 
     def propose(self, state: DraftState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
-                rows: Sequence[int]) -> list[Draft]:
+                rows: Sequence[int]) -> Proposal | list[Draft]:
         """Drafts for every running row: one `Draft` (a chain or a token tree) per entry of `input_ids`.
+
+        Returns a `Proposal`: the drafts, in `rows` order, and optionally a `Resume` (the drafter already ran the
+        target's first layers over the verification query: layer skip). A drafter that never resumes may return
+        the drafts as a plain list (the default does).
 
         Args:
             state (`DraftState`): this call's state, as `start` filled it.

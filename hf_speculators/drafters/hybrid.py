@@ -9,6 +9,7 @@ import torch
 
 from ..draft import Draft
 from ..metrics import clock
+from ..step import Proposal
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 from .eagle import EAGLE_HEAD
 from .spec import DRAFT_MODEL, MethodSpec, Setting, Variant
@@ -137,12 +138,12 @@ class HybridDrafter(Drafter):
 
     def start(self, state: HybridState) -> None:
         shared = {f.name: getattr(state, f.name) for f in fields(DraftState)
-                  if f.name not in ("target", "generation_config", "resume")}
+                  if f.name not in ("target", "generation_config")}
         state.model_free = self.model_free.new_state(state.target, state.generation_config, **shared)
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
 
     def propose(self, state: HybridState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
-                rows: Sequence[int]) -> list[Draft]:
+                rows: Sequence[int]) -> Proposal:
         now = clock(input_ids[0].device)
         free_budgets = [min(budget, self.model_free.num_draft_tokens) for budget in max_tokens]
         model_budgets = [min(budget, self.model_drafter.num_draft_tokens) for budget in max_tokens]
@@ -150,11 +151,11 @@ class HybridDrafter(Drafter):
                   for ids, budget, row in zip(input_ids, free_budgets, rows)]
         use_free = [draft is not None and draft.token_ids and state.takes_model_free(draft.score, budget)
                     for draft, budget in zip(scored, model_budgets)]
-        model_drafts = [None] * len(rows)
+        model_drafts, resume = [None] * len(rows), None
         if not all(use_free):
-            model_drafts = self.model_drafter.propose(state.model, input_ids, model_budgets, rows)
-            state.resume, state.model.resume = state.model.resume, None
-            if state.resume is not None:  # the target resumes from the model's draft forward: its drafts only
+            model = Proposal.of(self.model_drafter.propose(state.model, input_ids, model_budgets, rows))
+            model_drafts, resume = model.drafts, model.resume
+            if resume is not None:  # the target resumes from the model's draft forward: its drafts only
                 use_free = [False] * len(rows)
         state.time_step(SOURCES[0] if all(use_free) else SOURCES[1], now)
         state.free_scores += sum(draft.score for draft, free in zip(scored, use_free) if free)
@@ -167,7 +168,7 @@ class HybridDrafter(Drafter):
             state.figures[source][1] += draft.num_nodes
             state.last[row] = source
             drafts.append(draft)
-        return drafts
+        return Proposal(drafts, resume)
 
     def observe(self, state: HybridState, feedback: StepFeedback) -> None:
         """Credits each row's draft source with its accepted tokens; both drafters take the feedback."""

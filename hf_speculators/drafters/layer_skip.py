@@ -9,8 +9,9 @@ from ..cache import check_layerwise_support, truncate_layers
 from ..attention import attention_implementation, takes_custom_masks
 from ..decoder_layers import DecoderLayers
 from ..draft import Draft
+from ..step import Proposal, Resume
 from ..vocab import DraftVocabHead, check_draft_vocab
-from .base import Drafter, DraftState, Resume
+from .base import Drafter, DraftState
 from .spec import MethodSpec, Setting, Variant
 
 
@@ -124,11 +125,11 @@ class LayerSkipDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state: LayerSkipState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
-                rows: Sequence[int]) -> list[Draft]:
+                rows: Sequence[int]) -> Proposal:
         """Drafts a chain for every row at once: each pass runs layers `[0, E)` over one slot of every row.
 
         Pass 0 feeds every row's pending token, pass j its j-th draft token; a row whose draft has ended gets a
-        hole in the later passes. Sets `state.resume` to the layer-E hidden states `(batch_size, passes,
+        hole in the later passes. The proposal's `Resume` holds the layer-E hidden states `(batch_size, passes,
         hidden_size)` of every fed slot, from which the loop's target forward runs layers `[E, L)`. Arguments as
         `Drafter.propose`; the call's cache holds every committed token but the last of each row.
         """
@@ -174,10 +175,10 @@ class LayerSkipDrafter(Drafter):
             truncate_layers(ragged.cache, num_slots)
             raise
         valid = torch.arange(len(fed)) <= torch.tensor(counts)[:, None]  # [batch_size, passes]
-        state.resume = Resume(self.exit_layer, torch.cat(exit_hidden, dim=1), valid)
         drafted = torch.cat(fed[1:], dim=1)  # [batch_size, passes - 1]: row i's draft tokens first
-        return [Draft.chain(drafted[i, :n], torch.stack([p[i] for p in pass_probs[:n]]) if state.do_sample else None)
-                if n else Draft.empty(device) for i, n in enumerate(counts)]
+        drafts = [Draft.chain(drafted[i, :n], torch.stack([p[i] for p in pass_probs[:n]]) if state.do_sample else None)
+                  if n else Draft.empty(device) for i, n in enumerate(counts)]
+        return Proposal(drafts, Resume(self.exit_layer, torch.cat(exit_hidden, dim=1), valid))
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
         raise RuntimeError(

@@ -8,6 +8,8 @@ only on the steps before it, which keeps rejection sampling lossless. One schedu
 
 from collections.abc import Sequence
 
+from ..step import RowOutcome
+
 
 class DraftLengthSchedule:
     """How many draft tokens each step asks the drafter for (for a tree: its depth).
@@ -27,18 +29,16 @@ class DraftLengthSchedule:
         self.num_draft_tokens = num_draft_tokens
         self.draft_length = num_draft_tokens
 
-    def update(self, draft_length: int, num_nodes: Sequence[int], depths: Sequence[int],
-               num_accepted: Sequence[int], draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, outcomes: Sequence[RowOutcome], draft_seconds: float, verify_seconds: float) -> None:
         """Takes in one finished step of every running row; the default (a constant length) ignores it.
 
         Args:
-            draft_length (`int`): the longest draft the step asked any row for (0: the drafter was not called).
-            num_nodes (`Sequence[int]`): per row, the draft tokens (tree nodes) the drafter returned.
-            depths (`Sequence[int]`): per row, the longest path of its draft (`num_nodes` for a chain).
-            num_accepted (`Sequence[int]`): per row, the draft tokens accepted (a root-to-leaf path).
+            outcomes (`Sequence[RowOutcome]`): per running row, what the step asked for (`draft_length`; the
+                longest over the rows, 0: the drafter was not called), drafted (`num_nodes`, `depth`) and accepted
+                (`num_accepted`, a root-to-leaf path).
             draft_seconds (`float`): seconds spent drafting for every row.
             verify_seconds (`float`): seconds spent in the one target forward, verification and commit; it scored
-                `len(num_nodes) * (max(num_nodes) + 1)` query slots.
+                `len(outcomes) * (max(num_nodes) + 1)` query slots.
         """
 
 
@@ -60,8 +60,8 @@ class HeuristicSchedule(DraftLengthSchedule):
 
     name = "heuristic"
 
-    def update(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds) -> None:
-        drafted = [(nodes, accepted) for nodes, accepted in zip(num_nodes, num_accepted) if nodes > 0]
+    def update(self, outcomes, draft_seconds, verify_seconds) -> None:
+        drafted = [outcome for outcome in outcomes if outcome.num_nodes > 0]
         if drafted:
-            complete = all(accepted == nodes for nodes, accepted in drafted)
+            complete = all(outcome.num_accepted == outcome.num_nodes for outcome in drafted)
             self.draft_length = self.draft_length + 2 if complete else max(1, self.draft_length - 1)

@@ -153,22 +153,23 @@ class GoodputSchedule(DraftLengthSchedule):
         self.probing = False
         self.num_rows = 1  # rows of the last step, whose query the next step's verification cost scales with
 
-    def update(self, draft_length, num_nodes, depths, num_accepted, draft_seconds, verify_seconds) -> None:
+    def update(self, outcomes, draft_seconds, verify_seconds) -> None:
         """Takes in one step of every running row (see `DraftLengthSchedule.update`): the acceptance of each row's
         draft, and the step's costs against its deepest draft and the query slots its one forward scored."""
+        draft_length = max(outcome.draft_length for outcome in outcomes)
         if draft_length > 0:
-            for depth, accepted in zip(depths, num_accepted):
-                self._observe_acceptance(min(draft_length, self.num_draft_tokens), depth, accepted)
-        self.num_rows = len(num_nodes)
-        drafted = [(nodes, depth) for nodes, depth in zip(num_nodes, depths) if nodes > 0]
+            for outcome in outcomes:
+                self._observe_acceptance(min(draft_length, self.num_draft_tokens), outcome.depth, outcome.num_accepted)
+        self.num_rows = len(outcomes)
+        drafted = [outcome for outcome in outcomes if outcome.num_nodes > 0]
         if not drafted:  # a plain step
             self.plain_cost.add(draft_seconds + verify_seconds)
         else:
-            self.draft_cost.add(max(depths), draft_seconds)
-            self.verify_cost.add(self.num_rows * (max(num_nodes) + 1), verify_seconds)
-            self.nodes_per_depth.add(sum(nodes / depth for nodes, depth in drafted) / len(drafted))
+            self.draft_cost.add(max(outcome.depth for outcome in outcomes), draft_seconds)
+            self.verify_cost.add(self.num_rows * (max(outcome.num_nodes for outcome in outcomes) + 1), verify_seconds)
+            self.nodes_per_depth.add(sum(outcome.num_nodes / outcome.depth for outcome in drafted) / len(drafted))
         if self.probing and drafted:  # a probe that found nothing to draft (prompt lookup) says nothing
-            self.probe_budget = (self.probe_overhead if any(num_accepted) else
+            self.probe_budget = (self.probe_overhead if any(outcome.num_accepted for outcome in outcomes) else
                                  max(self.probe_budget / 2, self.min_probe_overhead))
         self.draft_length = self._next_length()
 
