@@ -56,7 +56,7 @@ def clock(device: str) -> float:
 def verify_cost_curve(stage, model) -> dict[int, float]:
     """Median milliseconds of a forward of q tokens of `model` after a cached context, per q in `QUERY_SIZES`,
     recorded with its ratio to one token's; returns q -> ratio."""
-    context, repeats = (16, 2) if stage.smoke else (512, 20)
+    context, repeats = (16, 2) if stage.smoke else (512, 10)
     cache = DynamicCache(config=model.config)
     cache_kwargs = {cache_argument(model): cache}
     model(torch.randint(model.config.vocab_size, (1, context), device=stage.device), use_cache=True, **cache_kwargs)
@@ -81,7 +81,7 @@ def loop_efficiency(stage, model, ratios: dict[int, float]) -> None:
     """Per accepted count n (0 to k), the speedup of `model`'s greedy decoding with `ScriptedDrafter` over plain
     decoding, and its share of the speedup the verify cost allows: (n + 1) tokens per step for one (k + 1)-token
     forward (`ratios`: `verify_cost_curve`'s)."""
-    new_tokens = 8 if stage.smoke else 128
+    new_tokens = 8 if stage.smoke else 64
     prompt = torch.randint(model.config.vocab_size, (1, 32), device=stage.device)
     plain_seconds, reference = timed_generate(stage.device, lambda: model.generate(
         prompt, do_sample=False, max_new_tokens=new_tokens))

@@ -29,13 +29,13 @@ class NgramIndex:
 
     def _reset(self) -> None:
         self.tokens: list[int] = []
-        self._indexed_ids = torch.empty(0, dtype=torch.long)  # the same tokens as a tensor, to compare cheaply
+        self._indexed_ids = None  # the same tokens as a tensor (on the ids' device), to compare cheaply
         self._followers: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after its occurrences
 
     def update(self, input_ids: torch.LongTensor) -> None:
         """Indexes the tokens of `input_ids` `(1, sequence_length)` not indexed yet."""
         known = len(self.tokens)
-        if input_ids.shape[-1] < known or not torch.equal(input_ids[0, :known], self._indexed_ids[:known]):
+        if known and (input_ids.shape[-1] < known or not torch.equal(input_ids[0, :known], self._indexed_ids[:known])):
             self._reset()  # another sequence than the one indexed: start over
             known = 0
         self._indexed_ids = input_ids[0]
