@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 STAGE_SCRIPT = Path(__file__).resolve().parent / "gpu_check_stages.py"
 # stage -> seconds it may run on the GPU machine; together at most 6 minutes, so one 10-minute call does everything
 # and leaves time to rerun a failed stage
-BUDGETS = {"tests": 50, "bench": 130, "curve": 60, "quant": 40, "train": 80}
+BUDGETS = {"tests": 50, "bench": 120, "curve": 45, "quant": 65, "train": 80}
 SMOKE_BUDGET = 120  # seconds per stage on a CPU at smoke sizes (a stuck stage fails the smoke test)
 TRAVEL_LIMIT = 64 * 2**20  # what may travel to the GPU machine: tracked files and carried paths together
 # transformers' model families the check uses (the tests' tiny models, the demo family, the 1B target, and the

@@ -47,7 +47,7 @@ BENCH_METHODS = "plain,hf-prompt-lookup,hf-assisted,prompt-lookup,suffix,draft-m
 COMPILED_PROMPTS = 4  # each prompt length compiles anew (the static cache's length follows it)
 COMPILE_SECONDS = 30  # what one prompt's compilations may take
 QUANTIZED_RUNS = {  # name -> bench flags; each method is compared with the same quantized target's plain output
-    "fp8-target": (["--quantization", "fp8"], "plain,prompt-lookup,draft-model"),
+    "fp8-target": (["--quantization", "fp8", "--dtype", "bfloat16"], "plain,prompt-lookup,draft-model"),
     "int4-draft": (["--draft-quantization", "int4"], "plain,draft-model"),
 }
 SMOKE_QUANTIZED_RUNS = {"int8-draft": (["--draft-quantization", "int8"], "plain,draft-model")}

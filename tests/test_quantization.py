@@ -133,7 +133,9 @@ def test_fp8_needs_a_recent_cuda_gpu(quantized_zoo, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="the model is on cuda"):
         hq.check_quantization("fp8", "cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))  # an H100
-    assert isinstance(hq.quantization_config("fp8", "cuda"), TorchAoConfig)
+    assert isinstance(hq.quantization_config("fp8", "cuda", torch.bfloat16), TorchAoConfig)
+    with pytest.raises(ValueError, match="needs bfloat16 weights; the model is asked in torch.float32"):
+        hq.quantization_config("fp8", "cuda", torch.float32)
 
 
 @pytest.mark.parametrize(("mode", "library"), [("int8", "torchao"), ("nf4", "bitsandbytes"), ("nf4", "accelerate")])

@@ -155,7 +155,7 @@ def run_train(args) -> int:
                                 learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                                 mixed_precision=args.mixed_precision, eval_every=args.eval_every,
                                 max_minutes=args.max_minutes, seed=args.seed)
-    target = load_model(args.target).requires_grad_(False)
+    target = load_model(args.target, device=str(loop.training_device())).requires_grad_(False)
     tokenizer = load_tokenizer(args.target)
     common = dict(target_name=args.target_name or args.target, settings=settings, eval_tokens=args.eval_tokens,
                   feature_cache=args.feature_cache, resume=args.resume, dtype=SAVE_DTYPES[args.save_dtype])

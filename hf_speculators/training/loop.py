@@ -14,13 +14,19 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 CHECKPOINT_DIR = "checkpoint"  # under the output folder: the latest resumable state
 STATE_FILE = "training_state.json"
+
+
+def training_device() -> torch.device:
+    """The device `accelerate` trains on in this process (a GPU when one is visible, else the CPU): where the frozen
+    target must be, since the batches and the trained module are moved there."""
+    return PartialState().device
 
 
 @dataclass
