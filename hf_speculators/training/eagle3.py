@@ -112,7 +112,8 @@ def continue_from(source: Eagle3Head, target, draft_ids: torch.LongTensor) -> Ea
     row_of = torch.full((source.vocab_size,), -1, dtype=torch.long)
     row_of[source_ids] = torch.arange(source.draft_vocab_size)
     rows = row_of[draft_ids]
-    lm_head = target.get_output_embeddings().weight[draft_ids].detach().clone().to(source.lm_head.weight.dtype)
+    weight = target.get_output_embeddings().weight.detach()  # on the target's device; the new head is on the CPU
+    lm_head = weight[draft_ids.to(weight.device)].to("cpu", source.lm_head.weight.dtype)
     lm_head[rows >= 0] = source.lm_head.weight.detach()[rows[rows >= 0]]
     state = {name: tensor for name, tensor in source.state_dict().items()
              if name not in ("d2t", "embed_tokens.weight", "lm_head.weight")}
