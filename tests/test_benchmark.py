@@ -406,3 +406,13 @@ def test_the_bench_times_every_drafters_draft_forwards(zoo, case):
             hook.remove()
     assert modules[0] is target
     assert any(outside) == (case != "prompt_lookup")
+
+
+def test_the_warm_up_leaves_no_cross_call_memory(target, draft, tokenizer):
+    """The warm-up runs the first prompt: suffix decoding must not then draft that prompt from its own output."""
+    keys = ("num_accepted_tokens", "draft_lengths")
+    remembered, memoryless = (
+        bench(target, draft, tokenizer, prompts=PROMPTS[:1], methods=["suffix"], **extra).records[-1]
+        for extra in ({}, {"max_cached_requests": 0}))
+    assert remembered["method"] == "suffix"
+    assert {key: remembered[key] for key in keys} == {key: memoryless[key] for key in keys}

@@ -205,6 +205,9 @@ class Drafter(CandidateGenerator):
         """
         return {}
 
+    def clear_cache(self) -> None:
+        """Forgets what earlier calls left in a cross-call memory (`SuffixDrafter`'s); the default keeps none."""
+
     def new_state(self, target, generation_config: GenerationConfig, **kwargs) -> DraftState:
         """A started `DraftState` for one call (`kwargs`: the other `DraftState` fields)."""
         state = self.state_class(target, generation_config, **kwargs)

@@ -185,6 +185,10 @@ class HybridDrafter(Drafter):
         names = ("steps", "drafted_tokens", "accepted_tokens")
         return {source: dict(zip(names, figures)) for source, figures in state.figures.items()}
 
+    def clear_cache(self) -> None:
+        """Forgets what earlier calls left in the model-free drafter's cross-call memory."""
+        self.model_free.clear_cache()
+
     def __repr__(self) -> str:
         return f"HybridDrafter({self.model_free!r}, {self.model_drafter!r})"
 

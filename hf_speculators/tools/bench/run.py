@@ -120,6 +120,8 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
     if todo:
         for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
             timed_generate(target, todo[0][1], method_kwargs, settings)
+            if "candidate_generator" in method_kwargs:  # the first batch must not draft from its own warm-up output
+                method_kwargs["candidate_generator"].clear_cache()
     progress = tqdm(todo, desc="bench", unit="batch" if settings.batch_size > 1 else "prompt",
                     disable=not settings.verbose)
     for batch_index, batch in progress:
