@@ -36,12 +36,17 @@ def _spec_of(method: str):
     return registry_methods()[method]
 
 
-METHODS = bench_methods()  # at import; `bench_methods()` sees a spec added later
-EXIT_LAYER_METHODS = tuple(m for m in METHODS[1:] if "exit_layer" in _spec_of(m)[0].required)
-DRAFT_MODEL_METHODS = (*(m for m in transformers_methods() if _spec_of(m)[0].loads == "draft-model"),
-                       *speculative_methods.DRAFT_MODEL_METHODS)
-TRANSFORMERS_METHODS = transformers_methods()
-TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
+def exit_layer_methods() -> tuple[str, ...]:
+    """The benchmark's methods that need `exit_layer`."""
+    return tuple(m for m in bench_methods()[1:] if "exit_layer" in _spec_of(m)[0].required)
+
+
+def draft_model_methods() -> tuple[str, ...]:
+    """The benchmark's methods that draft with the loaded `--draft` model, baselines first."""
+    return (*(m for m in transformers_methods() if _spec_of(m)[0].loads == "draft-model"),
+            *speculative_methods.draft_model_methods())
+
+
 ENGINES = ("hf_speculators", "transformers")
 
 
@@ -78,9 +83,10 @@ class BenchMethod:
             raise TypeError(f"BenchMethod.config must be a SpeculativeConfig, got {type(self.config).__name__}.")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
-        if self.engine == "transformers" and self.config.method not in TRANSFORMERS_KEYWORDS:
+        keywords = set(transformers_methods().values())  # the config methods transformers can run
+        if self.engine == "transformers" and self.config.method not in keywords:
             raise ValueError(f"transformers' assisted generation has no method {self.config.method!r}: choose one of "
-                             f"{sorted(TRANSFORMERS_KEYWORDS)}.")
+                             f"{sorted(keywords)}.")
 
 
 @dataclass(frozen=True)
@@ -177,10 +183,10 @@ def named_methods(
     **options,
 ) -> dict[str, BenchMethod]:
     """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
-    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.config.methods.METHODS`.
+    transformers' baselines (`transformers_methods()`) and the named methods (`hf_speculators.config.registry.named_methods()`).
 
     Args:
-        names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
+        names (`Sequence[str]`): method names from `bench_methods()`, run in that canonical order.
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
             then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
             once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
@@ -199,7 +205,7 @@ def named_methods(
         `dict[str, BenchMethod]`: benchmark label -> method.
 
     Raises:
-        `ValueError`: an unknown name (listing `METHODS`), an exit-layer method without `exit_layer`, a head method
+        `ValueError`: an unknown name (listing `bench_methods()`), an exit-layer method without `exit_layer`, a head method
             without its checkpoint, or settings a config refuses (naming the field).
     """
     known = bench_methods()
