@@ -12,9 +12,9 @@ from ...config import SpeculativeConfig
 from ...config.methods import LOADED_DRAFT
 from ...prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
 from .batches import Batch, batch_skip_reason, make_batches, pad_token
-from .engines import PINNED_TRANSFORMERS_METHODS, generate_kwargs, pinned_assistant_config
+from .engines import generate_kwargs, pinned_assistant_config
 from .records import RecordWriter, build_record, run_provenance
-from .settings import BenchMethod, BenchSettings
+from .settings import BenchMethod, BenchSettings, baseline_of
 from .summaries import BenchmarkResult, summarize
 from .timing import TimedRun, timed_generate, torch_threads
 
@@ -99,7 +99,7 @@ def run_benchmark(
     with ExitStack() as stack:
         stack.enter_context(torch_threads(settings.num_threads))
         for label, m in methods.items():
-            if m.engine == "transformers" and m.config.method in PINNED_TRANSFORMERS_METHODS:
+            if m.engine == "transformers" and baseline_of(m).pinned:
                 # the assistant the method runs (its own copy for universal speculative decoding), else the target
                 assistant = kwargs.get(label, {}).get("assistant_model", target)
                 stack.enter_context(pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),

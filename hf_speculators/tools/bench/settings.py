@@ -29,6 +29,12 @@ def transformers_methods() -> dict[str, str]:
     return {baseline: spec.name for spec in METHOD_SPECS.values() for baseline in spec.baselines}
 
 
+def baseline_of(method: "BenchMethod"):
+    """The `Baseline` (of its config method's `MethodSpec`) that a transformers `BenchMethod` runs."""
+    baselines = list(METHOD_SPECS[method.config.method].baselines.values())
+    return next((b for b in baselines if b.universal == method.universal), baselines[0])
+
+
 def _spec_of(method: str):
     """The `(MethodSpec, Variant or None)` of a named method or a baseline."""
     if method in transformers_methods():
@@ -226,7 +232,8 @@ def named_methods(
         if method in transformers_methods():
             for label, k in _baseline_variants(method, num_draft_tokens, variants):
                 config = _transformers_config(method, k, max_ngram_size, draft_model, options)
-                chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
+                universal = METHOD_SPECS[config.method].baselines[method].universal
+                chosen[label] = BenchMethod(config, engine="transformers", universal=universal)
             continue
         for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
             config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
@@ -264,17 +271,9 @@ def _baseline_variants(method: str, num_draft_tokens: int, variants) -> list[tup
 
 def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int, draft_model: str,
                          options: dict) -> SpeculativeConfig:
-    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`)."""
-    if method == "hf-prompt-lookup":
-        return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
-    if method in ("hf-assisted", "hf-universal-assisted"):
-        return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
-    if method == "hf-mtp":
-        return SpeculativeConfig("mtp")
-    if method == "hf-dflash":
-        return SpeculativeConfig("dflash", draft_model=options["dflash_model"])
-    if method == "hf-gemma4-assistant":
-        return SpeculativeConfig("gemma4-assistant", num_draft_tokens=num_draft_tokens,
-                                 draft_model=options["gemma4_assistant"])
-    return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
-                             confidence_threshold=options.get("confidence_threshold"))
+    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`): its `Baseline.fields`."""
+    spec = METHOD_SPECS[transformers_methods()[method]]
+    checkpoint = getattr(spec.checkpoint, "name", "draft_model")
+    values = {**options, "num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size,
+              "draft_model": draft_model if checkpoint == "draft_model" else options.get(checkpoint)}
+    return SpeculativeConfig(spec.name, **{name: values.get(name) for name in spec.baselines[method].fields})
