@@ -102,13 +102,12 @@ class Baseline:
     """One of transformers' own methods, benchmarked against the spec's method (`BenchMethod(engine="transformers")`).
 
     Args:
-        fields (`tuple[str, ...]`): the config fields it takes from the benchmark's settings: `num_draft_tokens`,
-            `max_ngram_size`, `draft_model` (`--draft`, or the spec's checkpoint), other `method_config` options.
+        fields (`tuple[str, ...]`): the config fields it takes from the benchmark's options (`draft_model`: `--draft`
+            or the spec's checkpoint).
         kwargs (`Callable`): `(config, target, draft, build) -> dict`, the `generate` keywords that run it (`draft`:
-            the loaded draft model, `build()`: the spec's drafter built from `config` for `target`).
-        pinned (`bool`, defaults to `False`): transformers reads its draft length from the assistant's
-            `generation_config`, which the benchmark pins.
-        universal (`bool`, defaults to `False`): universal assisted generation (the tokenizers are passed as well).
+            the loaded draft model, `build()`: the spec's drafter for `target`).
+        pinned (`bool`): transformers reads its draft length from the assistant's `generation_config` (pinned).
+        universal (`bool`): universal assisted generation (the tokenizers passed as well).
     """
 
     fields: tuple[str, ...]

@@ -59,18 +59,12 @@ ENGINES = ("hf_speculators", "transformers")
 @dataclass(frozen=True)
 class BenchMethod:
     """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
-    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
-    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`, `"hf-gemma4-assistant"`).
+    transformers' own assisted generation (`transformers_methods()`, e.g. `"hf-assisted"`).
 
     Attributes:
         config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
-            `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
-            `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
-            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`),
-            or `"gemma4-assistant"` (the assistant checkpoint `draft_model` as `assistant_model`, its
-            `num_assistant_tokens` pinned likewise), or `"mtp"` (`use_mtp=True`) or `"dflash"`
-            (`speculation_type="dflash"`, the DFlash checkpoint `draft_model` as `assistant_model`), whose draft length
-            is the model's own.
+            `engine="transformers"`, a method with a `Baseline` in its `MethodSpec` (which says the `generate`
+            keywords, e.g. `assistant_model`, and whether `num_draft_tokens` is pinned, constant, in the assistant).
         engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
@@ -189,7 +183,7 @@ def named_methods(
     **options,
 ) -> dict[str, BenchMethod]:
     """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
-    transformers' baselines (`transformers_methods()`) and the named methods (`hf_speculators.config.registry.named_methods()`).
+    transformers' baselines (`transformers_methods()`) and the named methods (`config.registry.named_methods()`).
 
     Args:
         names (`Sequence[str]`): method names from `bench_methods()`, run in that canonical order.
@@ -211,8 +205,8 @@ def named_methods(
         `dict[str, BenchMethod]`: benchmark label -> method.
 
     Raises:
-        `ValueError`: an unknown name (listing `bench_methods()`), an exit-layer method without `exit_layer`, a head method
-            without its checkpoint, or settings a config refuses (naming the field).
+        `ValueError`: an unknown name (listing `bench_methods()`), an exit-layer method without `exit_layer`, a head
+            method without its checkpoint, or settings a config refuses (naming the field).
     """
     known = bench_methods()
     unknown = sorted(set(names) - set(known))
