@@ -5,6 +5,7 @@ import argparse
 from typing import Callable, Mapping
 
 from ..config.registry import checkpoint_settings, method_options, named_methods
+from ..drafters.spec import Setting
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
@@ -26,21 +27,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _number(kind, low=None, high=None, low_included=True, high_included=True):
-    """An argparse type: a `kind` (int or float) within the bounds, else a one-line error that states them."""
-    bounds = " and ".join(part for part in (
-        None if low is None else f"{'>=' if low_included else '>'} {low}",
-        None if high is None else f"{'<=' if high_included else '<'} {high}") if part)
-    expected = f"{'an integer' if kind is int else 'a number'}{' ' + bounds if bounds else ''}"
+def _number(setting: Setting):
+    """An argparse type: a number of the `Setting`'s kind within its bounds, else a one-line error that states them."""
+    expected = setting.requirement()
 
     def parse(text: str):
         try:
-            value = kind(text)
+            value = setting.kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        too_low = low is not None and (value < low if low_included else value <= low)
-        too_high = high is not None and (value > high if high_included else value >= high)
-        if too_low or too_high or value != value:  # value != value: NaN
+        if value != value or not setting.accepts(value):  # value != value: NaN
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
@@ -48,10 +44,9 @@ def _number(kind, low=None, high=None, low_included=True, high_included=True):
     return parse
 
 
-POSITIVE_INT = _number(int, low=1)
-NON_NEGATIVE_INT = _number(int, low=0)
-PROBABILITY = _number(float, low=0, high=1, low_included=False)
-POSITIVE_FLOAT = _number(float, low=0, low_included=False)
+POSITIVE_INT, NON_NEGATIVE_INT = _number(Setting("count", low=1)), _number(Setting("count", low=0))
+PROBABILITY = _number(Setting("probability", float, low=0, high=1, low_included=False))
+POSITIVE_FLOAT = _number(Setting("positive", float, low=0, low_included=False))
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -120,8 +115,7 @@ def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None
 
 def _add_setting(parser: argparse.ArgumentParser, setting, methods: str, default=None) -> None:
     """The flag of a method spec's `Setting`: its type and bounds checked at parsing, unset (`None`) by default."""
-    kind = None if setting.kind is str else _number(setting.kind, setting.low, setting.high, setting.low_included,
-                                                     setting.high_included)
+    kind = None if setting.kind is str else _number(setting)
     parser.add_argument(f"--{setting.name.replace('_', '-')}", type=kind, choices=setting.choices, default=default,
                         metavar=setting.metavar, help=setting.help.replace("{methods}", methods))
 
