@@ -88,9 +88,8 @@ class SpeculativeConfig:
         ngram_size (`int`, *optional*): lookahead decoding's N; its draft length is `ngram_size - 1`, so
             `num_draft_tokens` does not apply.
         verification_set_size (`int`, *optional*): lookahead decoding's G.
-        model_method (`str`, *optional*): method `"hybrid"`'s model drafter, one of
-            `hf_speculators.drafters.hybrid.HYBRID_MODEL_METHODS` (`"draft-model"`, the default, or `"eagle3"`: `draft_model` is then the head's checkpoint);
-            `num_draft_tokens` is its draft length.
+        model_method (`str`, *optional*): method `"hybrid"`'s model drafter: `"draft-model"` (the default) or
+            `"eagle3"` (`draft_model` is then the head's checkpoint); `num_draft_tokens` is its draft length.
         verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
             `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
         typical_epsilon (`float`, *optional*): `typical` verification's epsilon, in (0, 1].
