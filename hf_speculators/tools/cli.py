@@ -57,8 +57,8 @@ def config_from_args(args) -> SpeculativeConfig:
     `--method NAME` (a named method, as for `bench` and `sweep`) replaces the preset's method by
     `method_config(NAME, ...)` with the drafter flags given, keeping the preset's draft model or head checkpoint
     where the new method takes one; `--draft` without `--method` over a preset whose method takes no draft model
-    switches to `draft-model`. `--eagle-head`, `--medusa-head`, `--dflash-model` and `--gemma4-assistant` name the
-    head of an EAGLE, Medusa, DFlash or Gemma 4 assistant method.
+    switches to `draft-model`. A checkpoint flag (`checkpoint_settings()`: `--eagle-head`...) names the head of its
+    methods.
     """
     config = SpeculativeConfig.from_pretrained(args.preset)
     method = args.method

@@ -197,9 +197,8 @@ def named_methods(
         num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (default `"constant"`).
         draft_model (`str`, *optional*): the draft model's name or path (`run_benchmark(draft=...)` passes the loaded
             one); default `"<loaded draft model>"`.
-        **options: the other arguments of `hf_speculators.config.methods.method_config` (`prefer`, `num_candidates`,
-            `tree_top_k`, `tree_nodes`, `exit_layer`, `confidence_threshold`, `draft_vocab`, `draft_vocab_size`,
-            `eagle_head`, `medusa_head`).
+        **options: the other arguments of `hf_speculators.config.methods.method_config` (`method_options()`:
+            `exit_layer`, `tree_top_k`, `eagle_head`...).
 
     Returns:
         `dict[str, BenchMethod]`: benchmark label -> method.
