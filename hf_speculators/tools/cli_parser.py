@@ -4,7 +4,7 @@ usage errors as one line. The commands' functions are in `hf_speculators.tools.c
 import argparse
 from typing import Callable, Mapping
 
-from ..config.registry import checkpoint_settings, method_options, named_methods
+from ..config.registry import METHOD_SPECS, checkpoint_settings, method_options, named_methods
 from ..drafters.spec import Setting
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
 from ..quantization import QUANTIZATIONS
@@ -128,13 +128,15 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
 
 
-def _add_drafter_settings(parser: argparse.ArgumentParser, exit_layer_methods: str, skip: tuple = ()) -> None:
+def _add_drafter_settings(parser: argparse.ArgumentParser, skip: tuple = (), baselines: bool = False) -> None:
     """The flags of the method specs' settings (but those in `skip`, which the command defines itself), unset by
-    default so that each keeps the method's default; `exit_layer_methods` names the methods that draft with the
-    target's first layers."""
+    default so that each keeps the method's default; a help's `{methods}` names the methods of the specs that take
+    the setting (with `baselines`, transformers' ones too)."""
     for setting in method_options().values():
         if setting.flag and setting.name not in skip and setting.name not in checkpoint_settings():
-            _add_setting(parser, setting, exit_layer_methods)
+            methods = (name for spec in METHOD_SPECS.values() if setting in spec.settings
+                       for name in (*(spec.baselines if baselines else ()), *spec.variants))
+            _add_setting(parser, setting, " and ".join(methods))
 
 
 def _typical_settings(text: str) -> list[float | tuple[float, float]]:
@@ -171,7 +173,7 @@ def _add_generate(commands, run) -> None:
     _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
     gen.add_argument("--method", choices=tuple(named_methods()), default=None,
                      help="default: the preset's (the same method names as bench and sweep)")
-    _add_drafter_settings(gen, "layer-skip")
+    _add_drafter_settings(gen)
     _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
     _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
     _add_sampling_options(gen)
@@ -195,7 +197,7 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
-    _add_drafter_settings(bench, "hf-early-exit and layer-skip", skip=("max_ngram_size",))
+    _add_drafter_settings(bench, skip=("max_ngram_size",), baselines=True)
     _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(named_methods())})")
     _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(bench)
@@ -214,7 +216,7 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1, from_preset=False)
     sweep.add_argument("--method", choices=tuple(named_methods()), default="draft-model-tree")
-    _add_drafter_settings(sweep, "layer-skip")
+    _add_drafter_settings(sweep)
     _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(sweep)
     sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,
