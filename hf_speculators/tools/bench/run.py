@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from ...config import SpeculativeConfig
 from ...config.methods import LOADED_DRAFT
+from ...config.registry import METHOD_SPECS
 from ...prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
 from .batches import Batch, batch_skip_reason, make_batches, pad_token
 from .engines import generate_kwargs, pinned_assistant_config
@@ -74,7 +75,7 @@ def run_benchmark(
     if "plain" in methods:
         raise ValueError("'plain' is always run as the baseline: do not pass it among the methods.")
     needs_draft = [label for label, m in methods.items() if m.config.draft_model == LOADED_DRAFT
-                   or (m.engine == "transformers" and m.config.method == "draft-model")]
+                   or (m.engine == "transformers" and METHOD_SPECS[m.config.method].loads == "draft-model")]
     if needs_draft and draft is None:
         raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= (the loaded model) or drop them.")
     chat_template = use_chat_template(tokenizer, settings.chat_template, settings.system_prompt)
