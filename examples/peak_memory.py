@@ -24,7 +24,7 @@ import torch
 
 import hf_speculators
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
-from hf_speculators.config.methods import DRAFT_MODEL_METHODS, SELF_DRAFT_METHODS, make_drafter
+from hf_speculators.config.methods import draft_model_methods, make_drafter, self_draft_methods
 from hf_speculators.quantization import LIBRARIES
 
 PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
@@ -41,7 +41,7 @@ def run_one(args) -> None:
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(args.model)
     target = load_model(args.model)
-    for library in LIBRARIES.get(SELF_DRAFT_METHODS.get(args.run), ()):
+    for library in LIBRARIES.get(self_draft_methods().get(args.run), ()):
         importlib.import_module(library)
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # the peak RSS mark restarts from the current RSS
@@ -49,7 +49,7 @@ def run_one(args) -> None:
     inputs = tokenizer(PROMPT, return_tensors="pt")
     kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
     if args.run != "plain":
-        draft = load_model(args.draft) if args.run in DRAFT_MODEL_METHODS else None
+        draft = load_model(args.draft) if args.run in draft_model_methods() else None
         drafter = make_drafter(args.run, draft, exit_layer=args.exit_layer, target=target)
         kwargs.update(custom_generate=hf_speculators.generate, candidate_generator=drafter)
     target.generate(**inputs, **kwargs)

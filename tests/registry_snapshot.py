@@ -10,7 +10,8 @@ from pathlib import Path
 import hf_speculators
 
 from hf_speculators.config import SpeculativeConfig
-from hf_speculators.config.methods import METHODS, method_config
+from hf_speculators.config.methods import method_config
+from hf_speculators.config.registry import named_methods
 from hf_speculators.config.presets import bundled_presets
 from hf_speculators.tools import bench
 from hf_speculators.tools.cli import build_parser
@@ -51,10 +52,10 @@ def snapshot() -> dict:
     """The pinned data, with this checkout's package folder written as `<package>`."""
     data = {
         "cli": _flags(build_parser()),
-        "method_config": {name: method_config(name, **OPTIONS).to_dict() for name in METHODS},
-        "bench_methods": list(bench.METHODS),
+        "method_config": {name: method_config(name, **OPTIONS).to_dict() for name in named_methods()},
+        "bench_methods": list(bench.bench_methods()),
         "bench_configs": {label: m.config.to_dict() for label, m in bench.named_methods(
-            [m for m in bench.METHODS if m not in ("plain",)], **OPTIONS).items()},
+            [m for m in bench.bench_methods() if m not in ("plain",)], **OPTIONS).items()},
         "vllm": {name: _vllm(name) for name in sorted(bundled_presets())},
     }
     package = json.dumps(str(Path(hf_speculators.__file__).parent))[1:-1]

@@ -18,9 +18,9 @@ from hf_speculators.tools import cli  # noqa: E402
 from hf_speculators.tools.bench import run as bench_run  # noqa: E402
 from hf_speculators.tools.bench import (  # noqa: E402
     DEFAULT_METHODS,
-    EXIT_LAYER_METHODS,
     BenchSettings,
     Prompt,
+    exit_layer_methods,
     load_prompts,
     named_methods,
     run_benchmark,
@@ -28,7 +28,7 @@ from hf_speculators.tools.bench import (  # noqa: E402
 )
 from hf_speculators.tools.bench.batches import Batch  # noqa: E402
 from hf_speculators.tools.bench.timing import TimedRun, timed_modules  # noqa: E402
-from hf_speculators.config.methods import METHODS as SPECULATIVE_METHODS  # noqa: E402
+from hf_speculators.config.registry import named_methods as speculative_methods  # noqa: E402
 from speculative_helpers import prompt_ids, speculative_generate  # noqa: E402
 from test_transformers_compat import DRAFT_CASES  # noqa: E402
 
@@ -38,7 +38,7 @@ PROMPTS = [
     Prompt("dog ran to park with ball then dog ran to", "qa", 82),
 ]
 K, NEW_TOKENS = 3, 8
-RUN_METHODS = (*DEFAULT_METHODS, *EXIT_LAYER_METHODS)  # the self-draft methods: tests/test_quantization.py
+RUN_METHODS = (*DEFAULT_METHODS, *exit_layer_methods())  # the self-draft methods: tests/test_quantization.py
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_jsonl_records(run, target):
         assert r["new_tokens"] == NEW_TOKENS and r["seconds"] > 0 and not r["truncated"]
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["seconds"])
         assert 0 < r["forward_seconds"] < r["seconds"]
-        has_stats = r["method"] in SPECULATIVE_METHODS
+        has_stats = r["method"] in speculative_methods()
         assert (r["mean_acceptance_length"] is not None) == has_stats
         assert (r["lossless"] is True) if has_stats else r["lossless"] is None
     plain = [r for r in lines if r["method"] == "plain"]

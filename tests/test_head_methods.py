@@ -13,7 +13,7 @@ from hf_speculators.tools import cli
 from hf_speculators.tools.bench import BenchSettings, named_methods, run_benchmark
 from hf_speculators.heads.medusa import MedusaHeads
 from hf_speculators.heads.medusa_formats import save_medusa_heads
-from hf_speculators.config.methods import NAMED_HEAD_METHODS as HEAD_METHODS, make_drafter, method_config
+from hf_speculators.config.methods import make_drafter, method_config, named_head_methods
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +59,12 @@ def test_a_checkpoint_folder_is_a_preset(target, heads):
 
 def test_the_bench_runs_every_head_method_exactly(target, heads, tmp_path):
     out_path = tmp_path / "bench.jsonl"
-    methods = named_methods(list(HEAD_METHODS), num_draft_tokens=2, tree_top_k=2, tree_nodes=4, **heads)
+    methods = named_methods(list(named_head_methods()), num_draft_tokens=2, tree_top_k=2, tree_nodes=4, **heads)
     settings = BenchSettings(max_new_tokens=8, out_path=out_path, verbose=False)
     result = run_benchmark(target, build_tokenizer(), ["abcabc", "x=1"], methods, settings)
     assert result.ok and not result.mismatches
     records = [json.loads(line) for line in out_path.read_text().splitlines()]
-    assert {r["method"] for r in records} == {"plain", *HEAD_METHODS}
+    assert {r["method"] for r in records} == {"plain", *named_head_methods()}
     assert {r["provenance"]["run"]["methods"]["eagle3"]["draft_model"] for r in records} == {heads["eagle_head"]}
 
 

@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 import hf_speculators as hs  # noqa: E402
 from hf_speculators.tools import cli  # noqa: E402
 from hf_speculators.drafters import DRAFTERS  # noqa: E402
-from hf_speculators.config import HEAD_METHODS  # noqa: E402
+from hf_speculators.config import head_methods  # noqa: E402
 from hf_speculators.loading import DEMO_DRAFT, DEMO_IDS, DEMO_TARGET, load_model, load_tokenizer  # noqa: E402
 from hf_speculators.config.presets import bundled_presets, bundled_presets_dir, card_results, card_text  # noqa: E402
 
@@ -108,7 +108,7 @@ def test_every_card_builds(name, saved_models, target, tokenizer):
     """Hub models cannot be downloaded here: a draft-model card is built with the tiny draft standing in (a card
     of draft heads keeps its demo checkpoint: the tiny target is only checked against it when generation starts)."""
     config = hs.SpeculativeConfig.from_pretrained(name)
-    if config.draft_model is not None and not (config.method in HEAD_METHODS and config.draft_model in DEMO_IDS):
+    if config.draft_model is not None and not (config.method in head_methods() and config.draft_model in DEMO_IDS):
         config = config.override(draft_model=saved_models["draft"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the card's target_model is not the tiny target

@@ -8,10 +8,13 @@ import pytest
 
 from hf_speculators.config import SpeculativeConfig
 from hf_speculators.config.build import build_drafter
-from hf_speculators.config.methods import method_config
+from hf_speculators.config.methods import draft_model_methods, method_config
 from hf_speculators.config.registry import METHOD_SPECS, method_settings
-from hf_speculators.drafters import MethodSpec, PromptLookupDrafter, Setting, Variant, VllmMapping
-from hf_speculators.tools.bench import bench_methods, named_methods
+from hf_speculators.drafters import Baseline, MethodSpec, PromptLookupDrafter, Setting, Variant, VllmMapping
+from hf_speculators.drafters.spec import DRAFT_MODEL
+from hf_speculators.tools.bench import bench_methods, named_methods, transformers_methods
+from hf_speculators.tools.bench.engines import generate_kwargs
+from hf_speculators.tools.bench.settings import baseline_of
 from hf_speculators.tools.cli import build_parser
 
 
@@ -87,3 +90,15 @@ def test_the_vllm_export_of_the_toy_method(toy, monkeypatch):
     monkeypatch.setitem(METHOD_SPECS, "toy", mapped)
     assert SpeculativeConfig(method="toy").to_vllm() == {"method": "ngram", "prompt_lookup_max": 2,
                                                          "num_speculative_tokens": 3}
+
+
+def test_a_spec_added_later_reaches_the_lists_and_its_baseline_the_bench(toy, monkeypatch):
+    baseline = Baseline(("num_draft_tokens",), lambda config, target, draft, build: {"toy_tokens": config.num_draft_tokens},
+                        pinned=True)
+    spec = dataclasses.replace(TOY_SPEC, shared=("draft_model",), checkpoint=DRAFT_MODEL, baselines={"hf-toy": baseline})
+    monkeypatch.setitem(METHOD_SPECS, "toy", spec)
+    assert {"toy", "toy-tree"} <= set(draft_model_methods()) and transformers_methods()["hf-toy"] == "toy"
+    assert bench_methods().index("hf-toy") == bench_methods().index("toy") - 1  # a spec's baselines, then its methods
+    method = named_methods(["hf-toy"], num_draft_tokens=4)["hf-toy"]
+    assert (method.engine, method.config.to_dict()) == ("transformers", {"method": "toy", "num_draft_tokens": 4})
+    assert baseline_of(method).pinned and generate_kwargs(method, None, None, do_sample=False) == {"toy_tokens": 4}

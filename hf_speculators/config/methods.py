@@ -3,21 +3,29 @@ a `SpeculativeConfig`, built by the one drafter factory, `hf_speculators.config.
 
 from ..drafters import Drafter
 from .build import build_drafter
-from .registry import METHOD_SPECS, checkpoint_of, method_options, named_methods
+from .registry import METHOD_SPECS, checkpoint_of, head_methods, method_options, named_methods
 from .speculative_config import SpeculativeConfig
 
 LOADED_DRAFT = "<loaded draft model>"  # a config's draft_model when the caller passes the loaded model itself
-# the named methods at import (read `named_methods()` where a spec added later must count): all, those that draft
-# with the loaded --draft model, the self-draft ones (-> quantization) and those that name a head checkpoint (-> the
-# keyword naming it)
-METHODS = tuple(named_methods())
-DRAFT_MODEL_METHODS = tuple(name for name, (spec, variant) in named_methods().items()
-                            if getattr(checkpoint_of(spec, variant), "name", None) == "draft_model")
-SELF_DRAFT_METHODS = {name: variant.settings["draft_quantization"] for name, (spec, variant) in named_methods().items()
-                      if "draft_quantization" in variant.settings}
-_HEADS = {spec.checkpoint for spec in METHOD_SPECS.values() if spec.loads == "head"}
-NAMED_HEAD_METHODS = {name: checkpoint_of(spec, variant).name for name, (spec, variant) in named_methods().items()
-                      if checkpoint_of(spec, variant) in _HEADS}
+
+
+def draft_model_methods() -> tuple[str, ...]:
+    """The named methods that draft with the loaded `--draft` model."""
+    return tuple(name for name, (spec, variant) in named_methods().items()
+                 if getattr(checkpoint_of(spec, variant), "name", None) == "draft_model")
+
+
+def self_draft_methods() -> dict[str, str]:
+    """The named methods that draft with a quantized copy of the target -> its quantization."""
+    return {name: variant.settings["draft_quantization"] for name, (spec, variant) in named_methods().items()
+            if "draft_quantization" in variant.settings}
+
+
+def named_head_methods() -> dict[str, str]:
+    """The named methods that draft with a learned head -> the `method_config` keyword naming its checkpoint."""
+    heads = {METHOD_SPECS[name].checkpoint for name in head_methods()}
+    return {name: checkpoint_of(spec, variant).name for name, (spec, variant) in named_methods().items()
+            if checkpoint_of(spec, variant) in heads}
 
 
 def _given(**options) -> dict:

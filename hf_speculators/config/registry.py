@@ -15,6 +15,11 @@ def named_methods() -> dict[str, tuple[MethodSpec, Variant]]:
     return {name: (spec, variant) for spec in METHOD_SPECS.values() for name, variant in spec.variants.items()}
 
 
+def head_methods() -> tuple[str, ...]:
+    """The config methods of learned draft heads on the target's hidden states (their `draft_model`: the head)."""
+    return tuple(name for name, spec in METHOD_SPECS.items() if spec.loads == "head")
+
+
 def checkpoint_of(spec: MethodSpec, variant: Variant) -> Setting | None:
     """The `method_config` keyword that names a named method's `draft_model` (`None`: it takes none)."""
     return None if variant.checkpoint is False else variant.checkpoint or spec.checkpoint

@@ -5,7 +5,7 @@ import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..drafters.hybrid import HYBRID_MODEL_METHODS  # noqa: F401 (the model drafters a hybrid pairs with)
+from ..drafters.spec import Setting
 from ..folders import write_folder
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
@@ -15,8 +15,6 @@ from .build import VERIFIER_PARAMS, build
 from .registry import METHOD_SPECS, method_settings
 from .vllm_export import to_vllm
 
-# learned draft heads on the target's hidden states (config methods); their draft_model is the head's checkpoint
-HEAD_METHODS = tuple(name for name, spec in METHOD_SPECS.items() if spec.loads == "head")
 
 
 def method_fields(method: str) -> tuple[str, ...]:
@@ -29,28 +27,11 @@ def _fail(name: str, requirement: str, value) -> None:
     raise ValueError(f"{name} must be {requirement}, got {value!r}.")
 
 
-def _check_int(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        _fail(name, "an integer >= 1", value)
-
-
-def _check_number(name: str, value, low: float, high: float | None = None, low_included: bool = False,
-                  high_included: bool = True) -> None:
-    if value is None:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    above = number and (value >= low if low_included else value > low)
-    below = high is None or (number and (value <= high if high_included else value < high))
-    if not (above and below):
-        bounds = f"{'>=' if low_included else '>'} {low}"
-        if high is not None:
-            bounds += f" and {'<=' if high_included else '<'} {high}"
-        _fail(name, f"a number {bounds}", value)
-
-
-def _check_text(name: str, value) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        _fail(name, "a non-empty string", value)
+# the shared fields checked as the methods' settings are (`Setting.check`)
+_SHARED_SETTINGS = (Setting("num_draft_tokens", low=1), Setting("top_k", low=1),
+                    *(Setting(name, str) for name in ("draft_model", "draft_revision", "target_model", "source", "notes")),
+                    Setting("typical_epsilon", float, low=0, high=1, low_included=False),
+                    Setting("typical_delta", float, low=0, low_included=False), Setting("accept_tolerance", float, low=0))
 
 
 @dataclass
@@ -107,9 +88,8 @@ class SpeculativeConfig:
         ngram_size (`int`, *optional*): lookahead decoding's N; its draft length is `ngram_size - 1`, so
             `num_draft_tokens` does not apply.
         verification_set_size (`int`, *optional*): lookahead decoding's G.
-        model_method (`str`, *optional*): method `"hybrid"`'s model drafter, one of `HYBRID_MODEL_METHODS`
-            (`"draft-model"`, the default, or `"eagle3"`: `draft_model` is then the head's checkpoint);
-            `num_draft_tokens` is its draft length.
+        model_method (`str`, *optional*): method `"hybrid"`'s model drafter: `"draft-model"` (the default) or
+            `"eagle3"` (`draft_model` is then the head's checkpoint); `num_draft_tokens` is its draft length.
         verification (`str`, *optional*): a verifier name (`VERIFIERS`: `"exact"`, `"rejection"`, and the relaxed
             `"typical"` and `"top_k"`); by default exact for greedy decoding and rejection when sampling.
         typical_epsilon (`float`, *optional*): `typical` verification's epsilon, in (0, 1].
@@ -169,15 +149,8 @@ class SpeculativeConfig:
                 continue
             if not isinstance(getattr(self, name), str):
                 _fail(name, "a name (a string)", getattr(self, name))
-        for name in ("num_draft_tokens", "top_k"):
-            _check_int(name, getattr(self, name))
-        for setting in method_settings().values():
+        for setting in (*_SHARED_SETTINGS[:2], *method_settings().values(), *_SHARED_SETTINGS[2:]):
             setting.check(getattr(self, setting.name))
-        for name in ("draft_model", "draft_revision", "target_model", "source", "notes"):
-            _check_text(name, getattr(self, name))
-        _check_number("typical_epsilon", self.typical_epsilon, low=0, high=1)
-        _check_number("typical_delta", self.typical_delta, low=0)
-        _check_number("accept_tolerance", self.accept_tolerance, low=0, low_included=True)
         if self.num_draft_tokens_schedule is not None and self.num_draft_tokens_schedule not in SCHEDULES:
             _fail("num_draft_tokens_schedule", f"one of {sorted(SCHEDULES)}", self.num_draft_tokens_schedule)
         if self.draft_quantization is not None and self.draft_quantization not in QUANTIZATIONS:

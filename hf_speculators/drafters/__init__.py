@@ -11,7 +11,7 @@ from .lookahead import LOOKAHEAD_SPEC, LookaheadDrafter
 from .medusa import MEDUSA_SPEC, MedusaDrafter
 from .mtp import MTP_SPEC, MTPDrafter
 from .prompt_lookup import PROMPT_LOOKUP_SPEC, PromptLookupDrafter
-from .spec import MethodSpec, Setting, Variant, VllmMapping
+from .spec import Baseline, MethodSpec, Setting, Variant, VllmMapping
 from .suffix import SuffixDrafter, SUFFIX_SPEC
 from .tree import TREE_SPEC, TreeDrafter
 from .tree_growth import DynamicTree, StaticTree, tree_shape
@@ -23,8 +23,8 @@ DRAFTER_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 DRAFTERS: dict[str, type[Drafter]] = {name: spec.drafter for name, spec in DRAFTER_SPECS.items()}
 
 __all__ = [
-    "DRAFTERS", "DRAFTER_SPECS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree", "EagleDrafter",
-    "Gemma4AssistantDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter", "MTPDrafter",
-    "MethodSpec", "PromptLookupDrafter", "Setting", "StaticTree", "SuffixDrafter", "TreeDrafter", "Variant",
-    "VllmMapping", "tree_shape",
+    "Baseline", "DRAFTERS", "DRAFTER_SPECS", "DFlashDrafter", "DraftModelDrafter", "Drafter", "DynamicTree",
+    "EagleDrafter", "Gemma4AssistantDrafter", "HybridDrafter", "LayerSkipDrafter", "LookaheadDrafter", "MedusaDrafter",
+    "MTPDrafter", "MethodSpec", "PromptLookupDrafter", "Setting", "StaticTree", "SuffixDrafter", "TreeDrafter",
+    "Variant", "VllmMapping", "tree_shape",
 ]

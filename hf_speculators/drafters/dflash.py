@@ -12,7 +12,7 @@ from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth, keep_features, take_features
 from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
-from .spec import MethodSpec, Setting, Variant, VllmMapping
+from .spec import Baseline, MethodSpec, Setting, Variant, VllmMapping
 
 
 @dataclass
@@ -192,5 +192,6 @@ DFLASH_SPEC = MethodSpec(
     checkpoint=Setting("dflash_model", str,
                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target"),
     variants={"dflash": Variant(length="own"), "dflash-tree": Variant(length="tree")}, vllm=VllmMapping("dflash"),
-    baselines=("hf-dflash",),
+    baselines={"hf-dflash": Baseline(("draft_model",), lambda config, target, draft, build: {
+        "speculation_type": "dflash", "assistant_model": build().model})},
 )

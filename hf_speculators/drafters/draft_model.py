@@ -12,7 +12,7 @@ from ..query import Query, forward
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
 from ..quantization import QUANTIZATIONS
-from .spec import DRAFT_MODEL, MethodSpec, Variant, VllmMapping
+from .spec import DRAFT_MODEL, Baseline, MethodSpec, Variant, VllmMapping
 
 
 def vocabulary_size(model) -> int:
@@ -328,5 +328,8 @@ DRAFT_MODEL_SPEC = MethodSpec(
     loads="draft-model", checkpoint=DRAFT_MODEL,
     variants={"draft-model": Variant(), **{f"self-draft-{quantization}": Variant(
         settings={"draft_quantization": quantization}, checkpoint=False) for quantization in QUANTIZATIONS}},
-    vllm=VllmMapping("draft_model"), baselines=("hf-assisted", "hf-universal-assisted"),
+    vllm=VllmMapping("draft_model"), baselines={
+        name: Baseline(("num_draft_tokens", "draft_model"),
+                       lambda config, target, draft, build: {"assistant_model": draft}, pinned=True, universal=universal)
+        for name, universal in (("hf-assisted", False), ("hf-universal-assisted", True))},
 )

@@ -11,7 +11,7 @@ from ..cache import layer_states
 from ..draft import Draft
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter
-from .spec import MethodSpec, Setting, Variant
+from .spec import Baseline, MethodSpec, Setting, Variant
 
 # the layer types whose keys and values a Gemma 4 assistant reads from its target (`shared_kv_states`)
 SHARED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -256,5 +256,7 @@ GEMMA4_ASSISTANT_SPEC = MethodSpec(
     "gemma4-assistant", Gemma4AssistantDrafter, required=("draft_model",), shared=("draft_revision",),
     loads="checkpoint", checkpoint=Setting("gemma4_assistant", str, help=(
         "gemma4-assistant: the Gemma 4 assistant's checkpoint, made for the target (transformers >= 5.24)")),
-    variants={"gemma4-assistant": Variant()}, baselines=("hf-gemma4-assistant",),
+    variants={"gemma4-assistant": Variant()}, baselines={
+        "hf-gemma4-assistant": Baseline(("num_draft_tokens", "draft_model"), lambda config, target, draft, build: {
+            "assistant_model": build().module_for(target.device, target.dtype)}, pinned=True)},
 )

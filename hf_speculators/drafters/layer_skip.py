@@ -12,7 +12,7 @@ from ..draft import Draft
 from ..step import Proposal, Resume
 from ..vocab import DraftVocabHead, check_draft_vocab
 from .base import Drafter, DraftState
-from .spec import MethodSpec, Setting, Variant
+from .spec import Baseline, MethodSpec, Setting, Variant
 
 
 @dataclass
@@ -201,5 +201,7 @@ LAYER_SKIP_SPEC = MethodSpec(
         Setting("draft_vocab", str, metavar="RANKING",
                 help="layer-skip: draft from a token ranking (JSON ids, most frequent first; FR-Spec)"),
         Setting("draft_vocab_size", low=1, help="layer-skip: how many of the ranking's first ids draft (default: all)")),
-    variants={"layer-skip": Variant()}, baselines=("hf-early-exit",),
+    variants={"layer-skip": Variant()}, baselines={"hf-early-exit": Baseline(  # the target is its own assistant
+        ("num_draft_tokens", "exit_layer", "confidence_threshold"),
+        lambda config, target, draft, build: {"assistant_early_exit": config.exit_layer}, pinned=True)},
 )

@@ -13,7 +13,7 @@ from ..sampling import process_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, bounded_depth
 from .tree_growth import DynamicTree, StaticTree, position_trees, tree_shape
-from .spec import MethodSpec, Variant, VllmMapping
+from .spec import Baseline, MethodSpec, Variant, VllmMapping
 
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -245,5 +245,5 @@ class MTPDrafter(HeadDrafter):
 MTP_SPEC = MethodSpec(
     "mtp", MTPDrafter, shared=("tree", "draft_model", "draft_revision"), loads="target",
     variants={"mtp": Variant(length="own"), "mtp-tree": Variant(length="tree")}, vllm=VllmMapping("mtp"),
-    baselines=("hf-mtp",),
+    baselines={"hf-mtp": Baseline((), lambda config, target, draft, build: {"use_mtp": True})},  # its MTP layers
 )

@@ -7,7 +7,7 @@ import torch
 from ..draft import Draft
 from ..tree import trie_from_sequences
 from .base import Drafter, DraftState
-from .spec import MethodSpec, Setting, Variant, VllmMapping
+from .spec import Baseline, MethodSpec, Setting, Variant, VllmMapping
 
 MATCH_RULES = ("latest", "earliest")
 
@@ -167,5 +167,8 @@ PROMPT_LOOKUP_SPEC = MethodSpec(
     variants={"prompt-lookup": Variant(ignores=("num_candidates",)), "prompt-lookup-tree": Variant(settings={"num_candidates": 4})},
     vllm=VllmMapping("ngram", fields={"max_ngram_size": "prompt_lookup_max", "min_ngram_size": "prompt_lookup_min"},
                      draft=False),
-    baselines=("hf-prompt-lookup",),
+    baselines={"hf-prompt-lookup": Baseline(
+        ("num_draft_tokens", "max_ngram_size"), lambda config, target, draft, build: {
+            "prompt_lookup_num_tokens": config.resolved("num_draft_tokens"),
+            "max_matching_ngram_size": config.resolved("max_ngram_size")})},
 )

@@ -98,6 +98,25 @@ class VllmMapping:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """One of transformers' own methods, benchmarked against the spec's method (`BenchMethod(engine="transformers")`).
+
+    Args:
+        fields (`tuple[str, ...]`): the config fields it takes from the benchmark's options (`draft_model`: `--draft`
+            or the spec's checkpoint).
+        kwargs (`Callable`): `(config, target, draft, build) -> dict`, the `generate` keywords that run it (`draft`:
+            the loaded draft model, `build()`: the spec's drafter for `target`).
+        pinned (`bool`): transformers reads its draft length from the assistant's `generation_config` (pinned).
+        universal (`bool`): universal assisted generation (the tokenizers passed as well).
+    """
+
+    fields: tuple[str, ...]
+    kwargs: Callable
+    pinned: bool = False
+    universal: bool = False
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """Everything the outer ring knows of one `SpeculativeConfig.method`; see `docs/guides/adding_a_drafter.md`.
 
@@ -112,7 +131,7 @@ class MethodSpec:
         checkpoint (`Setting`, *optional*): the `method_config` keyword (and flag) naming its `draft_model`.
         variants (`Mapping[str, Variant]`): its named methods (`"draft-model-tree"`, `"self-draft-int8"`).
         vllm (`VllmMapping`, *optional*): its vLLM equivalent; `vllm_refusal` explains why there is none.
-        baselines (`tuple[str, ...]`): the transformers methods it is benchmarked against (`"hf-assisted"`).
+        baselines (`Mapping[str, Baseline]`): the transformers methods it is benchmarked against (`"hf-assisted"`).
         draft_length (`Callable`, *optional*): its draft length from a config when `num_draft_tokens` is unset.
         no_draft_tokens (`str`, *optional*): why `num_draft_tokens` does not apply (a refusal), when it does not.
     """
@@ -127,7 +146,7 @@ class MethodSpec:
     variants: Mapping[str, Variant] = field(default_factory=dict)
     vllm: VllmMapping | None = None
     vllm_refusal: str | None = None
-    baselines: tuple[str, ...] = ()
+    baselines: Mapping[str, Baseline] = field(default_factory=dict)
     draft_length: Callable | None = None
     no_draft_tokens: str | None = None
 

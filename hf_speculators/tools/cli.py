@@ -22,7 +22,7 @@ from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
-from .bench import DRAFT_MODEL_METHODS, BenchSettings, named_methods, read_records, run_benchmark
+from .bench import BenchSettings, draft_model_methods, named_methods, read_records, run_benchmark
 from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
 from .env import run_env
 from .plots import plot_benchmark, pyplot
@@ -57,8 +57,8 @@ def config_from_args(args) -> SpeculativeConfig:
     `--method NAME` (a named method, as for `bench` and `sweep`) replaces the preset's method by
     `method_config(NAME, ...)` with the drafter flags given, keeping the preset's draft model or head checkpoint
     where the new method takes one; `--draft` without `--method` over a preset whose method takes no draft model
-    switches to `draft-model`. `--eagle-head`, `--medusa-head`, `--dflash-model` and `--gemma4-assistant` name the
-    head of an EAGLE, Medusa, DFlash or Gemma 4 assistant method.
+    switches to `draft-model`. A checkpoint flag (`checkpoint_settings()`: `--eagle-head`...) names the head of its
+    methods.
     """
     config = SpeculativeConfig.from_pretrained(args.preset)
     method = args.method
@@ -183,7 +183,7 @@ def run_bench(args) -> int:
     use_chat_template(tokenizer, args.chat, args.system)  # fails before any model loads
     if args.plot is not None:
         pyplot()  # fail before the run, not after it, when matplotlib is missing
-    target, draft = _load_models(args, any(m in DRAFT_MODEL_METHODS for m in names))
+    target, draft = _load_models(args, any(m in draft_model_methods() for m in names))
     draft_tokenizer = None if draft is None else load_tokenizer(args.draft)
     try:
         result = run_benchmark(target, tokenizer, prompts, methods, settings, draft=draft,
@@ -206,7 +206,7 @@ def run_sweep_command(args) -> int:
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)
     use_chat_template(tokenizer, args.chat, args.system)
-    target, draft = _load_models(args, args.method in DRAFT_MODEL_METHODS)
+    target, draft = _load_models(args, args.method in draft_model_methods())
     loaded = {} if draft is None else {"draft_model": draft, "draft_tokenizer": load_tokenizer(args.draft)}
     drafter = build_drafter(config, target, tokenizer, **loaded)
     try:

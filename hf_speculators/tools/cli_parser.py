@@ -4,7 +4,8 @@ usage errors as one line. The commands' functions are in `hf_speculators.tools.c
 import argparse
 from typing import Callable, Mapping
 
-from ..config.registry import checkpoint_settings, method_options, named_methods
+from ..config.registry import METHOD_SPECS, checkpoint_settings, method_options, named_methods
+from ..drafters.spec import Setting
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
@@ -26,21 +27,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _number(kind, low=None, high=None, low_included=True, high_included=True):
-    """An argparse type: a `kind` (int or float) within the bounds, else a one-line error that states them."""
-    bounds = " and ".join(part for part in (
-        None if low is None else f"{'>=' if low_included else '>'} {low}",
-        None if high is None else f"{'<=' if high_included else '<'} {high}") if part)
-    expected = f"{'an integer' if kind is int else 'a number'}{' ' + bounds if bounds else ''}"
+def _number(setting: Setting):
+    """An argparse type: a number of the `Setting`'s kind within its bounds, else a one-line error that states them."""
+    expected = setting.requirement()
 
     def parse(text: str):
         try:
-            value = kind(text)
+            value = setting.kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        too_low = low is not None and (value < low if low_included else value <= low)
-        too_high = high is not None and (value > high if high_included else value >= high)
-        if too_low or too_high or value != value:  # value != value: NaN
+        if value != value or not setting.accepts(value):  # value != value: NaN
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 
@@ -48,10 +44,9 @@ def _number(kind, low=None, high=None, low_included=True, high_included=True):
     return parse
 
 
-POSITIVE_INT = _number(int, low=1)
-NON_NEGATIVE_INT = _number(int, low=0)
-PROBABILITY = _number(float, low=0, high=1, low_included=False)
-POSITIVE_FLOAT = _number(float, low=0, low_included=False)
+POSITIVE_INT, NON_NEGATIVE_INT = _number(Setting("count", low=1)), _number(Setting("count", low=0))
+PROBABILITY = _number(Setting("probability", float, low=0, high=1, low_included=False))
+POSITIVE_FLOAT = _number(Setting("positive", float, low=0, low_included=False))
 
 
 def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, from_preset: bool) -> None:
@@ -120,8 +115,7 @@ def _add_head_options(parser: argparse.ArgumentParser, default_eagle: str | None
 
 def _add_setting(parser: argparse.ArgumentParser, setting, methods: str, default=None) -> None:
     """The flag of a method spec's `Setting`: its type and bounds checked at parsing, unset (`None`) by default."""
-    kind = None if setting.kind is str else _number(setting.kind, setting.low, setting.high, setting.low_included,
-                                                     setting.high_included)
+    kind = None if setting.kind is str else _number(setting)
     parser.add_argument(f"--{setting.name.replace('_', '-')}", type=kind, choices=setting.choices, default=default,
                         metavar=setting.metavar, help=setting.help.replace("{methods}", methods))
 
@@ -134,13 +128,15 @@ def _add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=POSITIVE_INT, default=None, help="prompts to run, spread over the categories")
 
 
-def _add_drafter_settings(parser: argparse.ArgumentParser, exit_layer_methods: str, skip: tuple = ()) -> None:
+def _add_drafter_settings(parser: argparse.ArgumentParser, skip: tuple = (), baselines: bool = False) -> None:
     """The flags of the method specs' settings (but those in `skip`, which the command defines itself), unset by
-    default so that each keeps the method's default; `exit_layer_methods` names the methods that draft with the
-    target's first layers."""
+    default so that each keeps the method's default; a help's `{methods}` names the methods of the specs that take
+    the setting (with `baselines`, transformers' ones too)."""
     for setting in method_options().values():
         if setting.flag and setting.name not in skip and setting.name not in checkpoint_settings():
-            _add_setting(parser, setting, exit_layer_methods)
+            methods = (name for spec in METHOD_SPECS.values() if setting in spec.settings
+                       for name in (*(spec.baselines if baselines else ()), *spec.variants))
+            _add_setting(parser, setting, " and ".join(methods))
 
 
 def _typical_settings(text: str) -> list[float | tuple[float, float]]:
@@ -177,7 +173,7 @@ def _add_generate(commands, run) -> None:
     _add_schedule_option(gen, f"the preset's, else {DEFAULT_GENERATE_SCHEDULE}")
     gen.add_argument("--method", choices=tuple(named_methods()), default=None,
                      help="default: the preset's (the same method names as bench and sweep)")
-    _add_drafter_settings(gen, "layer-skip")
+    _add_drafter_settings(gen)
     _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
     _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
     _add_sampling_options(gen)
@@ -201,7 +197,7 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
-    _add_drafter_settings(bench, "hf-early-exit and layer-skip", skip=("max_ngram_size",))
+    _add_drafter_settings(bench, skip=("max_ngram_size",), baselines=True)
     _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(named_methods())})")
     _add_head_options(bench, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(bench)
@@ -220,7 +216,7 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     _add_prompt_options(sweep)
     _add_model_options(sweep, threads=1, from_preset=False)
     sweep.add_argument("--method", choices=tuple(named_methods()), default="draft-model-tree")
-    _add_drafter_settings(sweep, "layer-skip")
+    _add_drafter_settings(sweep)
     _add_head_options(sweep, DEMO_EAGLE3, DEMO_MEDUSA)
     _add_sampling_options(sweep)
     sweep.add_argument("--typical-settings", "--typical-epsilons", type=_typical_settings,

@@ -16,11 +16,11 @@ from ...prompts import Prompt, load_prompts
 from .records import RecordWriter, read_records
 from .run import run_benchmark
 from .settings import (
-    DEFAULT_METHODS, DRAFT_MODEL_METHODS, EXIT_LAYER_METHODS, METHODS, TRANSFORMERS_METHODS, BenchMethod, BenchSettings,
-    bench_methods, named_methods, variant_label,
+    DEFAULT_METHODS, BenchMethod, BenchSettings, bench_methods, draft_model_methods, exit_layer_methods, named_methods,
+    transformers_methods, variant_label,
 )
 from .summaries import FIGURE_FORMATS, BenchmarkResult, summarize
 
-__all__ = ["DEFAULT_METHODS", "DRAFT_MODEL_METHODS", "EXIT_LAYER_METHODS", "FIGURE_FORMATS", "METHODS",
-           "TRANSFORMERS_METHODS", "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt", "RecordWriter",
-           "bench_methods", "load_prompts", "named_methods", "read_records", "run_benchmark", "summarize", "variant_label"]
+__all__ = ["DEFAULT_METHODS", "FIGURE_FORMATS", "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt",
+           "RecordWriter", "bench_methods", "draft_model_methods", "exit_layer_methods", "load_prompts", "named_methods",
+           "read_records", "run_benchmark", "summarize", "transformers_methods", "variant_label"]

@@ -9,11 +9,8 @@ from ...config.methods import LOADED_DRAFT
 from ...decoding import generate
 from ...schedules import check_schedule
 from ...verifiers import resolve_verifier
-from .settings import BenchMethod
+from .settings import BenchMethod, baseline_of
 
-# transformers' methods whose draft length is the assistant's generation_config (pinned); MTP's and DFlash's is the
-# model's own (its MTP layers, its block)
-PINNED_TRANSFORMERS_METHODS = ("draft-model", "layer-skip", "gemma4-assistant")
 # transformers reads these from the ASSISTANT's generation_config; generate() keywords for them are ignored (5.23)
 PINNED_ASSISTANT_CONFIG = {"num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
 
@@ -31,22 +28,14 @@ def generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeniz
             our drafters (a draft of another tokenizer) and transformers' universal assisted generation.
     """
     config = method.config
-    if method.engine == "transformers" and config.method == "dflash":  # the drafter's checkpoint as the assistant
-        return {"speculation_type": "dflash", "assistant_model": build_drafter(config, target).model}
-    if method.engine == "transformers" and config.method == "gemma4-assistant":  # its tokens: pinned_assistant_config
-        return {"assistant_model": build_drafter(config, target).module_for(target.device, target.dtype)}
-    if method.engine == "transformers":
-        universal = {"tokenizer": tokenizer, "assistant_tokenizer": draft_tokenizer} if method.universal else {}
-        if method.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy
-            universal["assistant_model"] = copy.deepcopy(draft)
-        return {
-            "prompt-lookup": {"prompt_lookup_num_tokens": config.resolved("num_draft_tokens"),
-                              "max_matching_ngram_size": config.resolved("max_ngram_size")},
-            # its tokens, schedule and threshold: pinned_assistant_config
-            "draft-model": {"assistant_model": draft, **universal},
-            "layer-skip": {"assistant_early_exit": config.exit_layer},  # the target is its own assistant
-            "mtp": {"use_mtp": True},  # the MTP layers beside the target's checkpoint
-        }[config.method]
+    if method.engine == "transformers":  # the spec's `Baseline`; its draft length pinned: pinned_assistant_config
+        baseline = baseline_of(method)
+        keywords = baseline.kwargs(config, target, draft, lambda: build_drafter(config, target))
+        if baseline.universal:
+            keywords.update(tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer)
+        if baseline.universal and do_sample:  # transformers 5.23 prunes the assistant's LM head in place: a copy
+            keywords["assistant_model"] = copy.deepcopy(draft)
+        return keywords
     loaded = {"draft_model": draft, "draft_tokenizer": draft_tokenizer} if config.draft_model == LOADED_DRAFT else {}
     verifier = resolve_verifier(build_verifier(config), do_sample)
     return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, tokenizer, **loaded),

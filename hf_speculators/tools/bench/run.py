@@ -10,11 +10,12 @@ from tqdm.auto import tqdm
 
 from ...config import SpeculativeConfig
 from ...config.methods import LOADED_DRAFT
+from ...config.registry import METHOD_SPECS
 from ...prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
 from .batches import Batch, batch_skip_reason, make_batches, pad_token
-from .engines import PINNED_TRANSFORMERS_METHODS, generate_kwargs, pinned_assistant_config
+from .engines import generate_kwargs, pinned_assistant_config
 from .records import RecordWriter, build_record, run_provenance
-from .settings import BenchMethod, BenchSettings
+from .settings import BenchMethod, BenchSettings, baseline_of
 from .summaries import BenchmarkResult, summarize
 from .timing import TimedRun, timed_generate, torch_threads
 
@@ -74,7 +75,7 @@ def run_benchmark(
     if "plain" in methods:
         raise ValueError("'plain' is always run as the baseline: do not pass it among the methods.")
     needs_draft = [label for label, m in methods.items() if m.config.draft_model == LOADED_DRAFT
-                   or (m.engine == "transformers" and m.config.method == "draft-model")]
+                   or (m.engine == "transformers" and METHOD_SPECS[m.config.method].loads == "draft-model")]
     if needs_draft and draft is None:
         raise ValueError(f"Methods {needs_draft} need a draft model: pass draft= (the loaded model) or drop them.")
     chat_template = use_chat_template(tokenizer, settings.chat_template, settings.system_prompt)
@@ -99,7 +100,7 @@ def run_benchmark(
     with ExitStack() as stack:
         stack.enter_context(torch_threads(settings.num_threads))
         for label, m in methods.items():
-            if m.engine == "transformers" and m.config.method in PINNED_TRANSFORMERS_METHODS:
+            if m.engine == "transformers" and baseline_of(m).pinned:
                 # the assistant the method runs (its own copy for universal speculative decoding), else the target
                 assistant = kwargs.get(label, {}).get("assistant_model", target)
                 stack.enter_context(pinned_assistant_config(assistant, m.config.resolved("num_draft_tokens"),

@@ -29,6 +29,12 @@ def transformers_methods() -> dict[str, str]:
     return {baseline: spec.name for spec in METHOD_SPECS.values() for baseline in spec.baselines}
 
 
+def baseline_of(method: "BenchMethod"):
+    """The `Baseline` (of its config method's `MethodSpec`) that a transformers `BenchMethod` runs."""
+    baselines = list(METHOD_SPECS[method.config.method].baselines.values())
+    return next((b for b in baselines if b.universal == method.universal), baselines[0])
+
+
 def _spec_of(method: str):
     """The `(MethodSpec, Variant or None)` of a named method or a baseline."""
     if method in transformers_methods():
@@ -36,30 +42,29 @@ def _spec_of(method: str):
     return registry_methods()[method]
 
 
-METHODS = bench_methods()  # at import; `bench_methods()` sees a spec added later
-EXIT_LAYER_METHODS = tuple(m for m in METHODS[1:] if "exit_layer" in _spec_of(m)[0].required)
-DRAFT_MODEL_METHODS = (*(m for m in transformers_methods() if _spec_of(m)[0].loads == "draft-model"),
-                       *speculative_methods.DRAFT_MODEL_METHODS)
-TRANSFORMERS_METHODS = transformers_methods()
-TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
+def exit_layer_methods() -> tuple[str, ...]:
+    """The benchmark's methods that need `exit_layer`."""
+    return tuple(m for m in bench_methods()[1:] if "exit_layer" in _spec_of(m)[0].required)
+
+
+def draft_model_methods() -> tuple[str, ...]:
+    """The benchmark's methods that draft with the loaded `--draft` model, baselines first."""
+    return (*(m for m in transformers_methods() if _spec_of(m)[0].loads == "draft-model"),
+            *speculative_methods.draft_model_methods())
+
+
 ENGINES = ("hf_speculators", "transformers")
 
 
 @dataclass(frozen=True)
 class BenchMethod:
     """A method to benchmark: a `SpeculativeConfig`, run either by hf_speculators (`custom_generate`) or by
-    transformers' own assisted generation (the baselines `"hf-prompt-lookup"`, `"hf-assisted"`,
-    `"hf-universal-assisted"`, `"hf-early-exit"`, `"hf-mtp"`, `"hf-dflash"`, `"hf-gemma4-assistant"`).
+    transformers' own assisted generation (`transformers_methods()`, e.g. `"hf-assisted"`).
 
     Attributes:
         config (`SpeculativeConfig`): the drafter, its settings, the verification and the draft-length schedule. For
-            `engine="transformers"` its method is `"prompt-lookup"` (`prompt_lookup_num_tokens`,
-            `max_matching_ngram_size`), `"draft-model"` (`assistant_model`) or `"layer-skip"`
-            (`assistant_early_exit`), with `num_draft_tokens` pinned (`num_assistant_tokens_schedule="constant"`),
-            or `"gemma4-assistant"` (the assistant checkpoint `draft_model` as `assistant_model`, its
-            `num_assistant_tokens` pinned likewise), or `"mtp"` (`use_mtp=True`) or `"dflash"`
-            (`speculation_type="dflash"`, the DFlash checkpoint `draft_model` as `assistant_model`), whose draft length
-            is the model's own.
+            `engine="transformers"`, a method with a `Baseline` in its `MethodSpec` (which says the `generate`
+            keywords, e.g. `assistant_model`, and whether `num_draft_tokens` is pinned, constant, in the assistant).
         engine (`str`, defaults to `"hf_speculators"`): `"hf_speculators"` or `"transformers"`.
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
@@ -78,9 +83,10 @@ class BenchMethod:
             raise TypeError(f"BenchMethod.config must be a SpeculativeConfig, got {type(self.config).__name__}.")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}.")
-        if self.engine == "transformers" and self.config.method not in TRANSFORMERS_KEYWORDS:
+        keywords = set(transformers_methods().values())  # the config methods transformers can run
+        if self.engine == "transformers" and self.config.method not in keywords:
             raise ValueError(f"transformers' assisted generation has no method {self.config.method!r}: choose one of "
-                             f"{sorted(TRANSFORMERS_KEYWORDS)}.")
+                             f"{sorted(keywords)}.")
 
 
 @dataclass(frozen=True)
@@ -177,10 +183,10 @@ def named_methods(
     **options,
 ) -> dict[str, BenchMethod]:
     """The benchmark methods of the command line's names: `"plain"` (skipped: `run_benchmark` always runs it),
-    transformers' baselines (`TRANSFORMERS_METHODS`) and the named methods of `hf_speculators.config.methods.METHODS`.
+    transformers' baselines (`transformers_methods()`) and the named methods (`config.registry.named_methods()`).
 
     Args:
-        names (`Sequence[str]`): method names from `METHODS`, run in that canonical order.
+        names (`Sequence[str]`): method names from `bench_methods()`, run in that canonical order.
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
             then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
             once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
@@ -191,16 +197,15 @@ def named_methods(
         num_draft_tokens_schedule (`str`, *optional*): our methods' draft-length schedule (default `"constant"`).
         draft_model (`str`, *optional*): the draft model's name or path (`run_benchmark(draft=...)` passes the loaded
             one); default `"<loaded draft model>"`.
-        **options: the other arguments of `hf_speculators.config.methods.method_config` (`prefer`, `num_candidates`,
-            `tree_top_k`, `tree_nodes`, `exit_layer`, `confidence_threshold`, `draft_vocab`, `draft_vocab_size`,
-            `eagle_head`, `medusa_head`).
+        **options: the other arguments of `hf_speculators.config.methods.method_config` (`method_options()`:
+            `exit_layer`, `tree_top_k`, `eagle_head`...).
 
     Returns:
         `dict[str, BenchMethod]`: benchmark label -> method.
 
     Raises:
-        `ValueError`: an unknown name (listing `METHODS`), an exit-layer method without `exit_layer`, a head method
-            without its checkpoint, or settings a config refuses (naming the field).
+        `ValueError`: an unknown name (listing `bench_methods()`), an exit-layer method without `exit_layer`, a head
+            method without its checkpoint, or settings a config refuses (naming the field).
     """
     known = bench_methods()
     unknown = sorted(set(names) - set(known))
@@ -220,7 +225,8 @@ def named_methods(
         if method in transformers_methods():
             for label, k in _baseline_variants(method, num_draft_tokens, variants):
                 config = _transformers_config(method, k, max_ngram_size, draft_model, options)
-                chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
+                universal = METHOD_SPECS[config.method].baselines[method].universal
+                chosen[label] = BenchMethod(config, engine="transformers", universal=universal)
             continue
         for label, k, schedule in _variants(method, num_draft_tokens, num_draft_tokens_schedule, variants):
             config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
@@ -258,17 +264,9 @@ def _baseline_variants(method: str, num_draft_tokens: int, variants) -> list[tup
 
 def _transformers_config(method: str, num_draft_tokens: int, max_ngram_size: int, draft_model: str,
                          options: dict) -> SpeculativeConfig:
-    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`)."""
-    if method == "hf-prompt-lookup":
-        return SpeculativeConfig("prompt-lookup", num_draft_tokens=num_draft_tokens, max_ngram_size=max_ngram_size)
-    if method in ("hf-assisted", "hf-universal-assisted"):
-        return SpeculativeConfig("draft-model", num_draft_tokens=num_draft_tokens, draft_model=draft_model)
-    if method == "hf-mtp":
-        return SpeculativeConfig("mtp")
-    if method == "hf-dflash":
-        return SpeculativeConfig("dflash", draft_model=options["dflash_model"])
-    if method == "hf-gemma4-assistant":
-        return SpeculativeConfig("gemma4-assistant", num_draft_tokens=num_draft_tokens,
-                                 draft_model=options["gemma4_assistant"])
-    return SpeculativeConfig("layer-skip", num_draft_tokens=num_draft_tokens, exit_layer=options["exit_layer"],
-                             confidence_threshold=options.get("confidence_threshold"))
+    """The config of one of transformers' baselines (`BenchMethod(engine="transformers")`): its `Baseline.fields`."""
+    spec = METHOD_SPECS[transformers_methods()[method]]
+    checkpoint = getattr(spec.checkpoint, "name", "draft_model")
+    values = {**options, "num_draft_tokens": num_draft_tokens, "max_ngram_size": max_ngram_size,
+              "draft_model": draft_model if checkpoint == "draft_model" else options.get(checkpoint)}
+    return SpeculativeConfig(spec.name, **{name: values.get(name) for name in spec.baselines[method].fields})
