@@ -85,10 +85,12 @@ class TargetForward:
     Args:
         model (`PreTrainedModel`): the target.
         needs (`TargetNeeds`): the hidden states the drafter reads (`TargetOutput.features`).
+        step_call (`Callable`, *optional*): what runs the model in decoding steps (a compiled `model.__call__`,
+            `compiled.CompiledSteps.forward`); forwards given `num_logits` (the prefill) run the model eagerly.
     """
 
-    def __init__(self, model, needs: TargetNeeds):
-        self.model = model
+    def __init__(self, model, needs: TargetNeeds, step_call=None):
+        self.model, self.step_call = model, step_call
         self.capture = FeatureCapture(model, needs) if needs.features else None
         self._layers: DecoderLayers | None = None
 
@@ -104,7 +106,8 @@ class TargetForward:
             `RuntimeError`: if `resume` was drafted for other query slots than `query`'s.
         """
         if resume is None:
-            run = lambda: forward(self.model, cache, query, num_logits)  # noqa: E731
+            call = self.step_call if num_logits is None else None
+            run = lambda: forward(self.model, cache, query, num_logits, call)  # noqa: E731
         else:
             run = lambda: self._resume(cache, query, resume, num_logits)  # noqa: E731
         if self.capture is None:
