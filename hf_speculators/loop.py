@@ -108,7 +108,7 @@ class SpeculativeLoop:
         verify_start = clock(self.device)
         pending = torch.cat([self.sequences[row][0, -1:] for row in rows]).to(self.device)
         query = Query.from_drafts(pending, proposal.drafts, self.pad_token_id,
-                                  min_width=None if self.compiled is None else self.compiled.num_query)
+                                  width_step=None if self.compiled is None else self.compiled.num_query)
         output = self.target(self.cache, query, proposal.resume)  # logits [rows, num_query, vocab]
         outcomes = [self._verify_and_commit(row, draft, output.logits[i, : draft.num_nodes + 1], budgets[i])
                     for i, (row, draft) in enumerate(zip(rows, proposal.drafts))]

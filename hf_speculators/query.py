@@ -55,15 +55,18 @@ class Query:
 
     @classmethod
     def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int,
-                    min_width: int | None = None) -> "Query":
+                    width_step: int | None = None) -> "Query":
         """The verification query of a step: each row's pending token `pending[i]` (shape `(batch_size,)`), its
-        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row, and to `min_width` slots
-        when given (compiled steps run at one width: `compiled.CompiledSteps.num_query`)."""
+        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row, and with `width_step`
+        to the next multiple of `width_step` slots (compiled steps run at a few widths: `k + 1` while drafts keep
+        to the drafter's `k` tokens, `compiled.CompiledSteps.num_query`)."""
         rows = [torch.cat([pending[i : i + 1], draft.token_ids.to(pending.device)]
                           + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
                 for i, draft in enumerate(drafts)]
         widths = [len(row) for row in rows]
-        num_query, batch_size = max(widths + [min_width or 0]), len(drafts)
+        num_query, batch_size = max(widths), len(drafts)
+        if width_step:
+            num_query = -(-num_query // width_step) * width_step
         input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
         input_ids = torch.nn.functional.pad(input_ids, (0, num_query - input_ids.shape[1]), value=pad_token_id)
         valid = torch.arange(num_query) < torch.tensor(widths)[:, None]

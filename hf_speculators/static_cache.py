@@ -32,9 +32,10 @@ def static_length(cache) -> int:
 
 
 def prepare_static_cache(cache, config, num_slots: int):
-    """A static cache that holds `num_slots` slots per row: `cache` itself if it is large enough, or, when `cache`
-    is empty (as `cache_implementation="static"` makes it, `max_length - 1` slots, too few for a draft), a new
-    `StaticCache` of `length_bucket(num_slots)` slots.
+    """A static cache that holds `num_slots` slots per row: when `cache` is empty (as `cache_implementation="static"`
+    makes it, of `max_length - 1` slots or an earlier call's length: too few for a draft, or not a bucket), a new
+    `StaticCache` of `length_bucket(num_slots)` slots, so that calls share a few cache shapes; a prefilled `cache`
+    itself, when it holds `num_slots`.
 
     Raises:
         `ValueError`: layers other than full-attention `StaticLayer`s (a sliding window keeps only its last tokens
@@ -47,15 +48,15 @@ def prepare_static_cache(cache, config, num_slots: int):
             f"{refused} (a sliding window past its size cannot take back rejected tokens). Use the default dynamic "
             "cache (drop cache_implementation='static') for this model."
         )
-    if static_length(cache) >= num_slots:
-        return cache
-    if int(cache.get_seq_length()) > 0:
+    if int(cache.get_seq_length()) == 0:
+        return StaticCache(config=config, max_cache_len=length_bucket(num_slots))
+    if static_length(cache) < num_slots:
         raise ValueError(
             f"The static cache passed holds {static_length(cache)} slots per row, fewer than the {num_slots} this "
             "call may write (max_length plus a draft, plus masked holes for a batch): pass a StaticCache with "
             f"max_cache_len >= {num_slots}, or an empty one."
         )
-    return StaticCache(config=config, max_cache_len=length_bucket(num_slots))
+    return cache
 
 
 def reset_length(layer: StaticLayer, num_tokens: int) -> None:
