@@ -20,6 +20,11 @@ def is_static(cache) -> bool:
     return any(isinstance(layer, StaticLayer) for layer in cache.layers)
 
 
+def allocated(cache) -> bool:
+    """Whether every layer of `cache` holds its tensors (a static layer allocates them in its first forward)."""
+    return all(layer.is_initialized for layer in cache.layers)
+
+
 def length_bucket(num_slots: int) -> int:
     """The static cache length for `num_slots` slots: the next power of two, at least `MIN_BUCKET`, so calls with
     different prompt and generation lengths share a few shapes (each a compiled graph)."""

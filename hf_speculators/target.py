@@ -12,6 +12,7 @@ from .cache import RaggedCache, truncate_layers
 from .decoder_layers import DecoderLayers, feature_modules
 from .drafters.base import TargetNeeds
 from .query import Query, forward
+from .static_cache import allocated
 from .step import Resume, TargetOutput
 
 
@@ -86,7 +87,8 @@ class TargetForward:
         model (`PreTrainedModel`): the target.
         needs (`TargetNeeds`): the hidden states the drafter reads (`TargetOutput.features`).
         step_call (`Callable`, *optional*): what runs the model in decoding steps (a compiled `model.__call__`,
-            `compiled.CompiledSteps.forward`); forwards given `num_logits` (the prefill) run the model eagerly.
+            `compiled.CompiledSteps.forward`); forwards given `num_logits` (the prefill), and a first forward that
+            allocates the cache (after a one-token prompt), run the model eagerly.
     """
 
     def __init__(self, model, needs: TargetNeeds, step_call=None):
@@ -106,7 +108,7 @@ class TargetForward:
             `RuntimeError`: if `resume` was drafted for other query slots than `query`'s.
         """
         if resume is None:
-            call = self.step_call if num_logits is None else None
+            call = self.step_call if num_logits is None and allocated(cache.cache) else None
             run = lambda: forward(self.model, cache, query, num_logits, call)  # noqa: E731
         else:
             run = lambda: self._resume(cache, query, resume, num_logits)  # noqa: E731
