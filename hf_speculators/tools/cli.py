@@ -160,7 +160,8 @@ def _bench_settings(args) -> BenchSettings:
     return BenchSettings(max_new_tokens=args.max_new_tokens, batch_size=getattr(args, "batch_size", 1),
                          do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                          seed=args.seed, chat_template=args.chat, system_prompt=args.system,
-                         num_threads=args.threads, out_path=args.out, resume=args.resume)
+                         num_threads=args.threads, out_path=args.out, resume=args.resume,
+                         compile=getattr(args, "compile", False))
 
 
 def _interrupted(args) -> int:

@@ -210,6 +210,10 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                             "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
     bench.add_argument("--out", default="bench_results/bench.jsonl",
                        help="JSONL records, one per (prompt, method), each written as soon as it is measured")
+    bench.add_argument("--compile", action="store_true",
+                       help="run every method with a static cache and torch.compile (transformers' compile_config, "
+                            "told to compile on the CPU too), beside plain (eager) and plain-compiled, the compiled "
+                            "baseline; the warm-up call compiles")
     bench.add_argument("--resume", action="store_true",
                        help="continue the run recorded in --out (same methods, settings and prompts)")
     bench.add_argument("--plot", default=None, metavar="FILE.png",

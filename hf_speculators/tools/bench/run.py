@@ -12,11 +12,14 @@ from ...config import SpeculativeConfig
 from ...config.methods import LOADED_DRAFT
 from ...prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
 from .batches import Batch, batch_skip_reason, make_batches, pad_token
-from .engines import PINNED_TRANSFORMERS_METHODS, generate_kwargs, pinned_assistant_config
+from .engines import PINNED_TRANSFORMERS_METHODS, compiled_kwargs, generate_kwargs, pinned_assistant_config
 from .records import RecordWriter, build_record, run_provenance
 from .settings import BenchMethod, BenchSettings
 from .summaries import BenchmarkResult, summarize
 from .timing import TimedRun, timed_generate, torch_threads
+
+
+COMPILED_PLAIN = "plain-compiled"  # transformers' plain decoding, compiled (`BenchSettings.compile`)
 
 
 def run_benchmark(
@@ -71,8 +74,9 @@ def run_benchmark(
     """
     settings = BenchSettings() if settings is None else settings
     methods = {label: m if isinstance(m, BenchMethod) else BenchMethod(m) for label, m in methods.items()}
-    if "plain" in methods:
-        raise ValueError("'plain' is always run as the baseline: do not pass it among the methods.")
+    if {"plain", COMPILED_PLAIN} & set(methods):
+        raise ValueError(f"'plain' (and '{COMPILED_PLAIN}' with compile=True) always run as the baselines: do not "
+                         "pass them among the methods.")
     needs_draft = [label for label, m in methods.items() if m.config.draft_model == LOADED_DRAFT
                    or (m.engine == "transformers" and m.config.method == "draft-model")]
     if needs_draft and draft is None:
@@ -87,8 +91,9 @@ def run_benchmark(
     encoded = [encode_truncated(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)
                for p in prompts]
     batches = make_batches(encoded, settings.batch_size, pad_token(tokenizer))
-    kwargs = {"plain": {}} | {
-        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer)
+    compiled = compiled_kwargs(target) if settings.compile else None
+    kwargs = {"plain": {}} | ({COMPILED_PLAIN: compiled} if compiled else {}) | {
+        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer) | (compiled or {})
         for label, m in methods.items()}
     skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
