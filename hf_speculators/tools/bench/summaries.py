@@ -133,7 +133,8 @@ def _summarize_method(records: list[dict]) -> dict:
         "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_drafted_tokens
         if num_drafted_tokens else None,
         "seconds": seconds,
-        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
+        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds
+        if seconds > 0 and all(r["forward_seconds"] is not None for r in records) else None,  # None: compiled runs
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
         "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,
