@@ -118,7 +118,12 @@ def run_benchmark(
 def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchSettings, provenance,
                  writer: RecordWriter) -> list[dict]:
     """Warms every method up on the first batch, then runs all methods back to back on each batch not recorded yet,
-    writing each record as soon as it is measured; returns the resumed records and the new ones."""
+    writing each record as soon as it is measured; returns the resumed records and the new ones.
+
+    With `settings.compile` every method is warmed up on every batch (untimed), so that the timed calls measure
+    compiled decoding, not compilation: transformers' plain compiled decoding compiles again whenever a longer
+    prompt grows its static cache, its assisted decoding for every new verify length, ours once per cache length
+    bucket."""
     records = list(writer.done)
     done = {r["batch_index"] for r in records}
     todo = [(index, batch) for index, batch in enumerate(batches) if index not in done]
@@ -128,6 +133,9 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
     progress = tqdm(todo, desc="bench", unit="batch" if settings.batch_size > 1 else "prompt",
                     disable=not settings.verbose)
     for batch_index, batch in progress:
+        if settings.compile and batch_index != todo[0][0]:
+            for method_kwargs in kwargs.values():
+                timed_generate(target, batch, method_kwargs, settings)
         plain = None
         for label, method_kwargs in kwargs.items():
             rows = timed_generate(target, batch, method_kwargs, settings)
