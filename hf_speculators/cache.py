@@ -177,6 +177,11 @@ def check_tree_support(cache: Cache, config, max_length: int) -> None:
     mask replaces the model's own window, so a passed full-attention cache serves a sliding-window model only while
     its windows hold the whole sequence.
     """
+    if is_static(cache):
+        raise ValueError(
+            "Token trees run on the dynamic cache, not a static one (compiled decoding serves chains): drop "
+            "cache_implementation='static' (or the StaticCache passed), or use a drafter that proposes chains."
+        )
     unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if unsupported:
         raise ValueError(

@@ -83,5 +83,5 @@ def test_refusals(zoo):
     with pytest.raises(ValueError, match="StaticLayer"):
         speculative_generate(sliding, ids, hs.PromptLookupDrafter(3), max_new_tokens=8, **STATIC)
     reference = zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)
-    with pytest.raises(ValueError, match="Token trees"):
+    with pytest.raises(ValueError, match="Token trees run on the dynamic cache"):
         speculative_generate(model, ids, WrongFirstTreeDrafter(reference, 3), **STATIC)
