@@ -4,7 +4,6 @@ The recompilation test compiles with dynamo's `"eager"` backend (graphs are capt
 without code generation), so it costs seconds; one test runs inductor for exactness (about a minute on one core).
 """
 
-import pytest
 import torch
 from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache, StaticCache

@@ -8,7 +8,7 @@ import hf_speculators as hs
 import hf_speculators.loop as loop
 from hf_speculators.cache import RaggedCache
 from hf_speculators.static_cache import MIN_BUCKET, length_bucket
-from batch_helpers import MAX_NEW_TOKENS, PAD
+from batch_helpers import MAX_NEW_TOKENS
 from drafters_for_tests import WrongFirstTreeDrafter
 from speculative_helpers import cache_kwargs, make_drafter, output_cache, prompt_ids, speculative_generate
 from test_batch import BATCH_PROMPTS, batched, expected_batch, scripted
