@@ -7,6 +7,8 @@ from contextlib import ExitStack
 from typing import Mapping, Sequence
 
 import torch
+import transformers
+from packaging import version
 from tqdm.auto import tqdm
 
 from ...config import SpeculativeConfig
@@ -21,6 +23,8 @@ from .timing import TimedRun, timed_generate, torch_threads
 
 
 COMPILED_PLAIN = "plain-compiled"  # transformers' plain decoding, compiled (`BenchSettings.compile`)
+# whether transformers' assisted decoding takes a static cache (from 5.24 on; 5.23 raises a ValueError)
+STATIC_ASSISTED = version.parse(transformers.__version__) >= version.parse("5.24")
 
 
 def run_benchmark(
@@ -98,6 +102,9 @@ def run_benchmark(
         for label, m in methods.items()}
     skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
+    if compiled and not STATIC_ASSISTED:
+        skipped |= {label: "transformers before 5.24 refuses static caches in assisted decoding (--compile)"
+                    for label, m in methods.items() if m.engine == "transformers"}
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
     run = {"settings": {**settings.recorded(), "max_prompt_tokens": budget, "chat_template": chat_template},
            "methods": {label: {"engine": m.engine, **m.config.to_dict()} for label, m in methods.items()},
