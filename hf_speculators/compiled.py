@@ -41,11 +41,12 @@ def compiles(model, cache, generation_config) -> bool:
         compile_config is not None and compile_config._compile_all_devices)
 
 
-def compiled_steps(model, cache, generation_config, num_draft_tokens: int) -> CompiledSteps | None:
-    """The compiled step forward of a call whose drafts hold at most `num_draft_tokens` tokens, or `None` when the
-    call runs eagerly (`compiles`, or a quantizer that cannot compile, or a model spread over devices with CPU or
-    disk offload, as transformers decides)."""
-    if not compiles(model, cache, generation_config):
+def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
+    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
+    when the call runs eagerly: `compiles` says no, a quantizer cannot compile, a model is spread over devices with
+    CPU or disk offload (as transformers decides), or the drafter reads the target's hidden states (EAGLE, Medusa:
+    `target.FeatureCapture` hooks each forward, and a hook added after compilation is not seen by the graph)."""
+    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
         return None
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not quantizer.is_compileable:
@@ -53,4 +54,4 @@ def compiled_steps(model, cache, generation_config, num_draft_tokens: int) -> Co
     devices = set(getattr(model, "hf_device_map", {}).values())
     if "disk" in devices or ("cpu" in devices and len(devices) > 1):
         return None
-    return CompiledSteps(model.get_compiled_call(generation_config.compile_config), num_draft_tokens + 1)
+    return CompiledSteps(model.get_compiled_call(generation_config.compile_config), drafter.num_draft_tokens + 1)

@@ -176,7 +176,7 @@ def generate(
         check_tree_support(cache, model.config, generation_config.max_length)
     generator = generator if generator is not None else _default_generator(_logits_device(model, input_ids))
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
-    compiled = compiled_steps(model, cache, generation_config, candidate_generator.num_draft_tokens)
+    compiled = compiled_steps(model, cache, generation_config, candidate_generator)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
                            stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id,
                            compiled=compiled)

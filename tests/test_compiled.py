@@ -9,7 +9,8 @@ from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 import hf_speculators as hs
-from hf_speculators.compiled import compiles
+from hf_speculators.compiled import compiled_steps, compiles
+from hf_speculators.drafters.base import TargetNeeds
 from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
 from speculative_helpers import PROMPTS, plain_generate
 from tiny_models import build_noisy_copy, build_target
@@ -33,6 +34,13 @@ def test_compiles_as_transformers_decides(zoo):
     assert not compiles(model, static, config)  # a CPU without _compile_all_devices
     config = type(config)(compile_config=compile_config("eager"))
     assert compiles(model, static, config) and not compiles(model, DynamicCache(), config)
+    assert compiled_steps(model, static, config, hs.PromptLookupDrafter(3)).num_query == 4
+
+    class FeatureReader(hs.PromptLookupDrafter):  # reads hidden states, as EAGLE and Medusa heads do
+        def target_needs(self, target):
+            return TargetNeeds(layer_ids=(0,))
+
+    assert compiled_steps(model, static, config, FeatureReader(3)) is None  # hooks stay out of compiled graphs
     config.disable_compile = True
     assert not compiles(model, static, config)
 
