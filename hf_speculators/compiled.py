@@ -45,7 +45,8 @@ def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | 
     """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
     when the call runs eagerly: `compiles` says no, a quantizer cannot compile, a model is spread over devices with
     CPU or disk offload (as transformers decides), or the drafter reads the target's hidden states (EAGLE, Medusa:
-    `target.FeatureCapture` hooks each forward, and a hook added after compilation is not seen by the graph)."""
+    `target.FeatureCapture` adds hooks to each forward, which are kept out of compiled graphs: dynamo does not guard
+    module hooks by default, and hooks inside an inductor graph are not tested here)."""
     if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
         return None
     quantizer = getattr(model, "hf_quantizer", None)
