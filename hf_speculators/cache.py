@@ -1,12 +1,14 @@
-"""The only module that touches transformers `Cache` objects: the argument that carries one, checks, rollback,
-truncation and tree compaction."""
+"""The only module that touches transformers `Cache` objects (with `static_cache`, its static-layer operations): the
+argument that carries one, checks, rollback, truncation and tree compaction."""
 
 import functools
 import inspect
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
+
+from .static_cache import is_static, prepare_static_cache, reset_length, select_rows, static_length, store_slots
 
 DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
 
@@ -53,23 +55,31 @@ def passed_cache(model_kwargs: dict) -> Cache | None:
     return new if new is not None else old
 
 
-def prepare_cache(cache: Cache | None, config) -> DynamicCache:
-    """Returns a cache that speculative decoding can roll back, creating one if `cache` is `None`.
+def prepare_cache(cache: Cache | None, config, num_slots: int | None = None) -> Cache:
+    """Returns a cache that speculative decoding can roll back, creating a `DynamicCache` if `cache` is `None`.
+
+    A static cache (`cache_implementation="static"`, or a `StaticCache` passed) is kept when it holds `num_slots`
+    slots per row, or replaced, when empty, by one of a length bucket that does (`static_cache.prepare_static_cache`):
+    rejected tokens then leave it by a length reset.
 
     Args:
         cache: the cache the generate call carries (`passed_cache`), or `None`.
-        config: the model's config, used to create a new `DynamicCache`.
+        config: the model's config, used to create a new cache.
+        num_slots (`int`, *optional*): the most slots per row the call may write (a static cache's least length);
+            without it a static cache is refused.
 
     Raises:
-        `ValueError`: for a static or otherwise fixed-size cache, which cannot drop rejected draft tokens, and for
+        `ValueError`: for another fixed-size cache, a static cache that cannot serve (`prepare_static_cache`), and
             a cache with layers that cannot be cropped (`check_croppable`).
     """
     if cache is None:
         cache = DynamicCache(config=config)
+    if num_slots is not None and is_static(cache):
+        return prepare_static_cache(cache, config, num_slots)
     if not isinstance(cache, DynamicCache):
         raise ValueError(
-            f"Speculative decoding needs a DynamicCache, got {type(cache).__name__}: rejected draft tokens must be "
-            "dropped from the cache. Remove cache_implementation='static' (or the cache you passed) and retry."
+            f"Speculative decoding needs a DynamicCache or a StaticCache, got {type(cache).__name__}: rejected draft "
+            "tokens must be dropped from the cache. Remove the cache you passed (or its cache_implementation) and retry."
         )
     check_croppable(cache, config)
     cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
@@ -96,9 +106,20 @@ def check_croppable(cache: Cache, config) -> None:
 
 
 def rollback(cache: Cache, num_tokens: int) -> None:
-    """Drops the last `num_tokens` tokens (>= 0) from every layer of `cache`."""
-    if num_tokens > 0:
+    """Drops the last `num_tokens` tokens (>= 0) from every layer of `cache` (a static layer: a length reset)."""
+    num_tokens = int(num_tokens)
+    if num_tokens <= 0:
+        return
+    if is_static(cache):
+        for layer in cache.layers:
+            reset_length(layer, num_tokens)
+    else:
         cache.crop(-num_tokens)
+
+
+def seq_length(cache: Cache) -> int:
+    """The tokens `cache` holds, as an `int` (a static cache counts them in a tensor)."""
+    return int(cache.get_seq_length())
 
 
 def truncate_layers(cache: Cache, length: int) -> None:
@@ -115,7 +136,7 @@ def truncate_layers(cache: Cache, length: int) -> None:
 
 def truncate(cache: Cache, length: int) -> None:
     """Keeps the first `length` tokens of `cache` (no-op if it holds `length` or fewer)."""
-    rollback(cache, cache.get_seq_length() - length)
+    rollback(cache, seq_length(cache) - length)
 
 
 def layer_states(cache: Cache, layer_idx: int, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,6 +177,11 @@ def check_tree_support(cache: Cache, config, max_length: int) -> None:
     mask replaces the model's own window, so a passed full-attention cache serves a sliding-window model only while
     its windows hold the whole sequence.
     """
+    if is_static(cache):
+        raise ValueError(
+            "Token trees run on the dynamic cache, not a static one (compiled decoding serves chains): drop "
+            "cache_implementation='static' (or the StaticCache passed), or use a drafter that proposes chains."
+        )
     unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if unsupported:
         raise ValueError(
@@ -195,13 +221,14 @@ def check_batch_support(cache: Cache, config, max_length: int) -> None:
     serves a sliding-window model with 4D masks over each row's tokens (`RaggedCache(full_masks=True)`), exact
     while its windows hold the whole sequence.
     """
-    unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    unsupported = sorted({type(layer).__name__ for layer in cache.layers
+                          if type(layer) not in (DynamicLayer, StaticLayer)})
     if unsupported:
         raise ValueError(
             f"Speculative generate with batch size > 1 needs full-attention cache layers; this model's cache has "
             f"{unsupported}. Call generate once per prompt."
         )
-    if cache.get_seq_length() > 0:
+    if seq_length(cache) > 0:
         raise ValueError(
             "Speculative generate with batch size > 1 needs an empty cache: the rows' cached tokens cannot "
             "be told apart. Pass no cache (or a fresh DynamicCache)."
@@ -244,6 +271,7 @@ class RaggedCache:
     def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES,
                  rows: list[int] | None = None, full_masks: bool = False):
         self.cache, self.valid, self.max_holes, self.full_masks = cache, valid, max_holes, full_masks
+        self.static_width = static_length(cache) if is_static(cache) else None  # every forward's key slots
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
         self._holes = bool((~valid).any())
         self.rows = list(range(valid.shape[0])) if rows is None else list(rows)
@@ -271,14 +299,22 @@ class RaggedCache:
         padding mask `(batch_size, num_slots + num_query)` for other chain queries, and the 4D float additive mask
         `(batch_size, 1, num_query, num_slots + num_query)` (`additive_mask`) for a query with its own visibility
         (token trees, unverified tokens) and, with `full_masks`, for every query that is not one row's chain
-        without holes.
+        without holes. Over a static cache the masks span its `static_width` slots (the unused ones hidden), and
+        a chain always gets the 2D mask: every step of a call then has the same input shapes.
         """
         position_ids = self.lengths[:, None] + query.offsets
-        if self.batch_size == 1 and not self._holes and query.visible is None:
+        static = self.static_width is not None
+        if self.batch_size == 1 and not self._holes and query.visible is None and not static:
             return None, position_ids
         if query.visible is not None or self.full_masks:
             return self.additive_mask(query.valid, dtype, query.visible, query.past_visible), position_ids
-        return torch.cat([self.valid, query.valid], dim=1).long(), position_ids
+        return self._pad_to_static(torch.cat([self.valid, query.valid], dim=1).long(), 0), position_ids
+
+    def _pad_to_static(self, mask: torch.Tensor, value) -> torch.Tensor:
+        """`mask` `(..., num_keys)` filled with `value` up to the static cache's slots (unchanged if dynamic)."""
+        if self.static_width is None:
+            return mask
+        return torch.nn.functional.pad(mask, (0, self.static_width - mask.shape[-1]), value=value)
 
     def additive_mask(self, new_valid: torch.BoolTensor, dtype: torch.dtype, visible: torch.BoolTensor | None = None,
                       past_visible: torch.BoolTensor | None = None) -> torch.FloatTensor:
@@ -307,7 +343,7 @@ class RaggedCache:
             seen[:, :, num_slots - past_visible.shape[2] : num_slots] = past_visible
         seen[:, torch.arange(num_query), num_slots + torch.arange(num_query)] = True
         mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
-        return mask[:, None]
+        return self._pad_to_static(mask, torch.finfo(dtype).min)[:, None]
 
     def append(self, new_valid: torch.BoolTensor, gather: bool = True) -> None:
         """After a forward of `num_query` slots per row: which of them each row keeps, `(batch_size, num_query)`.
@@ -332,10 +368,9 @@ class RaggedCache:
 
     def _gather_tail(self, order: torch.LongTensor) -> None:
         """Reorders the last `order.shape[1]` slots of every row: new slot j of row i is old slot `order[i, j]`."""
-        num_tail = order.shape[1]
+        tail = slice(self.num_slots, self.num_slots + order.shape[1])  # the forward's slots, after the kept ones
         for layer in self.cache.layers:
             if layer.is_initialized:
-                tail = slice(layer.keys.shape[-2] - num_tail, None)
                 layer.keys[..., tail, :] = _gather_slots(layer.keys[..., tail, :], order)
                 layer.values[..., tail, :] = _gather_slots(layer.values[..., tail, :], order)
 
@@ -355,7 +390,10 @@ class RaggedCache:
 
     def select(self, rows: torch.LongTensor) -> None:
         """Keeps the batch rows `rows` (indices into the current batch), e.g. to drop finished sequences."""
-        self.cache.batch_select_indices(rows)
+        if self.static_width is None:
+            self.cache.batch_select_indices(rows)
+        else:
+            select_rows(self.cache, rows)
         self.valid, self.lengths = self.valid[rows], self.lengths[rows]
         self.rows = [self.rows[i] for i in rows.tolist()]
         self._trim()
@@ -382,9 +420,13 @@ class RaggedCache:
         """Gathers every row's tokens, in order, to the right end of `max(lengths)` slots (left padding first)."""
         width = int(self.lengths.max())
         # stable sort of 0/1: holes first, then the row's tokens in their order; the last `width` slots are kept
-        order = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, self.valid.shape[1] - width:]
+        num_slots = self.num_slots
+        order = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, num_slots - width:]
         for layer in self.cache.layers:
             if layer.is_initialized:
-                layer.keys, layer.values = _gather_slots(layer.keys, order), _gather_slots(layer.values, order)
+                store_slots(layer, _gather_slots(layer.keys[..., :num_slots, :], order),
+                            _gather_slots(layer.values[..., :num_slots, :], order))
+        if self.static_width is not None:
+            rollback(self.cache, num_slots - width)
         self.valid = torch.arange(width, device=self.valid.device) >= width - self.lengths[:, None]
         self._holes = bool((~self.valid).any())

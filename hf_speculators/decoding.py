@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
-from .cache import check_batch_support, check_tree_support, passed_cache, prepare_cache
+from .cache import DEFAULT_MAX_HOLES, check_batch_support, check_tree_support, passed_cache, prepare_cache
 from .checks import check_attention, check_batch, check_input_ids, check_inputs, check_synced_gpus, left_padding
+from .compiled import compiled_steps
 from .config import SpeculativeConfig
 from .drafters import Drafter
 from .entry import ENABLED_ATTRIBUTE, is_enabled
@@ -141,7 +142,8 @@ def generate(
     Raises:
         `ValueError`: before any forward, for a missing drafter, both a drafter and a speculative config, a
             config that cannot be built (see `SpeculativeConfig.build`), an unknown `num_draft_tokens_schedule`,
-            beam search, `num_return_sequences > 1`, an empty prompt, a padded single prompt, a static cache, for
+            beam search, `num_return_sequences > 1`, an empty prompt, a padded single prompt, a static cache that
+            cannot serve (sliding-window layers, a prefilled one too short), token trees on a static cache, for
             a batch: right padding, a drafter that cannot batch, token trees, a streamer, `output_scores` or
             `output_logits`, no pad or EOS token, a prefilled cache or non-full-attention cache layers; an unknown
             verifier, a verifier that cannot serve the decoding mode, or a drafter built for another vocabulary.
@@ -165,15 +167,19 @@ def generate(
     check_attention(model, candidate_generator, batch_size)
     pad_token_id = check_batch(generation_config, speculative_streamer) if batch_size > 1 else 0
     num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batch_size > 1 else [0]
-    cache = prepare_cache(passed_cache(model_kwargs), model.config)
+    num_slots = generation_config.max_length + candidate_generator.num_draft_tokens + (
+        DEFAULT_MAX_HOLES if batch_size > 1 else 0)  # the most slots a row may hold in a step: a static cache's size
+    cache = prepare_cache(passed_cache(model_kwargs), model.config, num_slots)
     if batch_size > 1:
         check_batch_support(cache, model.config, generation_config.max_length)
     if candidate_generator.drafts_trees:
         check_tree_support(cache, model.config, generation_config.max_length)
     generator = generator if generator is not None else _default_generator(_logits_device(model, input_ids))
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
+    compiled = compiled_steps(model, cache, generation_config, candidate_generator)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
-                           stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id)
+                           stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id,
+                           compiled=compiled)
     loop.prefill(input_ids, num_pads, cache)
     while not loop.step():
         pass

@@ -2,7 +2,8 @@
 
 import torch
 
-from .cache import DEFAULT_MAX_HOLES, RaggedCache, declared_windows, truncate
+from .cache import DEFAULT_MAX_HOLES, RaggedCache, declared_windows, seq_length, truncate
+from .compiled import CompiledSteps
 from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
@@ -40,16 +41,19 @@ class SpeculativeLoop:
         pad_token_id (`int`): fills draft-less query slots and the end of rows that finished early.
         max_holes (`int`, defaults to `cache.DEFAULT_MAX_HOLES`): the `RaggedCache` compaction threshold (0: realign
             every step). Not a `generate` argument: `examples/batch_compaction.py` passes it to measure its cost.
+        compiled (`CompiledSteps`, *optional*): the compiled target forward of the decoding steps and the query
+            width they are padded to (`compiled.compiled_steps`); `None`: eager steps of the drafts' own widths.
     """
 
     def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule,
                  generation_config, logits_processor, stopping_criteria, generator, tokenizer=None, streamer=None,
-                 pad_token_id: int = 0, max_holes: int = DEFAULT_MAX_HOLES):
+                 pad_token_id: int = 0, max_holes: int = DEFAULT_MAX_HOLES, compiled: CompiledSteps | None = None):
         self.model, self.drafter, self.verifier, self.schedule = model, drafter, verifier, schedule
         self.generation_config, self.logits_processor, self.stopping_criteria = (
             generation_config, logits_processor, stopping_criteria)
         self.generator, self.tokenizer, self.streamer = generator, tokenizer, streamer
         self.pad_token_id, self.max_holes, self.device = pad_token_id, max_holes, model.device
+        self.compiled = compiled
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
         self.scores = [] if generation_config.output_scores else None
         self.raw_logits = [] if generation_config.output_logits else None
@@ -66,14 +70,15 @@ class SpeculativeLoop:
                                            drafter=self.stats.drafter) for _ in num_pads]
         self.processors = [row_processors(self.logits_processor, batch_size, row) for row in range(batch_size)]
         truncate(cache, input_ids.shape[1] - 1)
-        num_cached = cache.get_seq_length()
+        num_cached = seq_length(cache)
         self.cache = RaggedCache(cache, torch.ones(batch_size, num_cached, dtype=torch.bool), self.max_holes,
                                  full_masks=batch_size > 1 and bool(declared_windows(self.model.config)))
         self.running = list(range(batch_size))  # the rows that have not finished (the cache's rows)
         self.state = self.drafter.new_state(
             self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,
             tokenizer=self.tokenizer, cache=self.cache, batch_size=batch_size)
-        self.target = TargetForward(self.model, self.drafter.target_needs(self.model))
+        self.target = TargetForward(self.model, self.drafter.target_needs(self.model),
+                                    step_call=None if self.compiled is None else self.compiled.forward)
         self.observes = type(self.drafter).observe is not Drafter.observe  # whether feedback reaches anything
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
@@ -102,7 +107,8 @@ class SpeculativeLoop:
         proposal = self._propose(rows, budgets)
         verify_start = clock(self.device)
         pending = torch.cat([self.sequences[row][0, -1:] for row in rows]).to(self.device)
-        query = Query.from_drafts(pending, proposal.drafts, self.pad_token_id)
+        query = Query.from_drafts(pending, proposal.drafts, self.pad_token_id,
+                                  width_step=None if self.compiled is None else self.compiled.num_query)
         output = self.target(self.cache, query, proposal.resume)  # logits [rows, num_query, vocab]
         outcomes = [self._verify_and_commit(row, draft, output.logits[i, : draft.num_nodes + 1], budgets[i])
                     for i, (row, draft) in enumerate(zip(rows, proposal.drafts))]

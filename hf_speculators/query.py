@@ -54,15 +54,21 @@ class Query:
         return cls(input_ids, valid, offsets, None, valid.sum(dim=1).tolist())
 
     @classmethod
-    def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int) -> "Query":
+    def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int,
+                    width_step: int | None = None) -> "Query":
         """The verification query of a step: each row's pending token `pending[i]` (shape `(batch_size,)`), its
-        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row."""
+        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row, and with `width_step`
+        to the next multiple of `width_step` slots (compiled steps run at a few widths: `k + 1` while drafts keep
+        to the drafter's `k` tokens, `compiled.CompiledSteps.num_query`)."""
         rows = [torch.cat([pending[i : i + 1], draft.token_ids.to(pending.device)]
                           + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
                 for i, draft in enumerate(drafts)]
         widths = [len(row) for row in rows]
         num_query, batch_size = max(widths), len(drafts)
+        if width_step:
+            num_query = -(-num_query // width_step) * width_step
         input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
+        input_ids = torch.nn.functional.pad(input_ids, (0, num_query - input_ids.shape[1]), value=pad_token_id)
         valid = torch.arange(num_query) < torch.tensor(widths)[:, None]
         num_verified = [1 + draft.num_nodes for draft in drafts]
         if not any(not draft.is_chain or draft.num_extra for draft in drafts):  # chains: slot j at offset j
@@ -86,7 +92,7 @@ def _takes_logits_to_keep(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
-def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = None) -> torch.FloatTensor:
+def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = None, call=None) -> torch.FloatTensor:
     """Runs the causal LM `model` over `query` after `cache` (whose rows are the query's rows) and returns logits.
 
     Every row sees its own tokens at its own positions (`RaggedCache.query_inputs`): one row with a chain runs with
@@ -98,6 +104,7 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
         cache (`RaggedCache`): its cache.
         query (`Query`): the new slots.
         num_logits (`int`, *optional*): how many slots' logits to compute, from the end (default: all).
+        call (`Callable`, *optional*): what runs the model (a compiled `model.__call__`); default: `model` itself.
 
     Returns:
         `torch.FloatTensor` of shape `(batch_size, num_logits or num_query, vocab_size)`.
@@ -105,7 +112,7 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
     input_ids = query.input_ids
     attention_mask, position_ids = cache.query_inputs(query, model.dtype)
     extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
-    return model(
+    return (call or model)(
         input_ids=input_ids, use_cache=True, **{cache_argument(model): cache.cache},
         attention_mask=None if attention_mask is None else attention_mask.to(input_ids.device),
         position_ids=position_ids.to(input_ids.device), **extra,

@@ -12,6 +12,7 @@ from .cache import RaggedCache, truncate_layers
 from .decoder_layers import DecoderLayers, feature_modules
 from .drafters.base import TargetNeeds
 from .query import Query, forward
+from .static_cache import allocated
 from .step import Resume, TargetOutput
 
 
@@ -85,10 +86,13 @@ class TargetForward:
     Args:
         model (`PreTrainedModel`): the target.
         needs (`TargetNeeds`): the hidden states the drafter reads (`TargetOutput.features`).
+        step_call (`Callable`, *optional*): what runs the model in decoding steps (a compiled `model.__call__`,
+            `compiled.CompiledSteps.forward`); forwards given `num_logits` (the prefill), and a first forward that
+            allocates the cache (after a one-token prompt), run the model eagerly.
     """
 
-    def __init__(self, model, needs: TargetNeeds):
-        self.model = model
+    def __init__(self, model, needs: TargetNeeds, step_call=None):
+        self.model, self.step_call = model, step_call
         self.capture = FeatureCapture(model, needs) if needs.features else None
         self._layers: DecoderLayers | None = None
 
@@ -104,7 +108,8 @@ class TargetForward:
             `RuntimeError`: if `resume` was drafted for other query slots than `query`'s.
         """
         if resume is None:
-            run = lambda: forward(self.model, cache, query, num_logits)  # noqa: E731
+            call = self.step_call if num_logits is None and allocated(cache.cache) else None
+            run = lambda: forward(self.model, cache, query, num_logits, call)  # noqa: E731
         else:
             run = lambda: self._resume(cache, query, resume, num_logits)  # noqa: E731
         if self.capture is None:

@@ -416,3 +416,30 @@ def test_the_warm_up_leaves_no_cross_call_memory(target, draft, tokenizer):
         for extra in ({}, {"max_cached_requests": 0}))
     assert remembered["method"] == "suffix"
     assert {key: remembered[key] for key in keys} == {key: memoryless[key] for key in keys}
+
+
+def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft, tokenizer, monkeypatch):
+    """`compile=True`: plain-compiled and every method get the static cache and the compile config (dynamo's
+    "eager" backend here: graphs captured as under inductor, in seconds), plain stays eager, outputs stay exact."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    from hf_speculators.tools.bench import engines
+
+    def eager_backend(model):
+        kwargs = engines.compiled_kwargs(model)
+        config = CompileConfig(backend="eager", mode=None)
+        config._compile_all_devices = kwargs["compile_config"]._compile_all_devices
+        return {**kwargs, "compile_config": config}
+
+    monkeypatch.setattr(bench_run, "compiled_kwargs", eager_backend)
+    torch._dynamo.reset()
+    result = bench(target, draft, tokenizer, verbose=False, methods=["draft-model", "hf-assisted"], compile=True)
+    assert result.ok and all(r["identical_to_plain"] for r in result.records)
+    baselines = ["hf-assisted"] if bench_run.STATIC_ASSISTED else []  # 5.23: skipped, with its reason
+    assert list(result.summary["all"]) == ["plain", "plain-compiled", *baselines, "draft-model"]
+    assert bench_run.STATIC_ASSISTED or "hf-assisted" in result.skipped
+    assert result.summary["all"]["plain-compiled"]["speedup_vs_compiled"] == pytest.approx(1.0)
+    assert all(r["forward_seconds"] is None for r in result.records)  # no hooks in compiled forwards
+    assert counters["stats"]["unique_graphs"] >= 2  # plain-compiled's graph and our step graph
+    assert "speedup vs plain-compiled" in result.table()

@@ -374,3 +374,24 @@ def test_the_demo_head_drafts_for_the_demo_target(tree):
     out = speculative_generate(target, prompt, drafter, max_new_tokens=32, return_dict_in_generate=True)
     assert_same_tokens(out.sequences, plain_generate(target, prompt, max_new_tokens=32))
     assert out.speculative_stats.num_accepted_tokens > 0
+
+
+def test_a_static_cache_with_compile_set_keeps_eagle3_exact(targets, fitted):
+    """EAGLE-3 over a static cache with the compile switch on (its steps run eagerly: `compiled.compiled_steps`,
+    tested in test_compiled.py): exact, a static cache returned, and the same drafts as over the dynamic cache."""
+    from transformers import CompileConfig, StaticCache
+
+    from speculative_helpers import output_cache
+
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    dynamic, _ = run(targets["llama"], fitted, "repetitive", num_draft_tokens=3)
+    drafter = RecordingEagle.from_pretrained(str(fitted), num_draft_tokens=3)
+    drafter.first_tokens = {}
+    out = speculative_generate(targets["llama"], prompt_ids("repetitive"), drafter, return_dict_in_generate=True,
+                               cache_implementation="static", compile_config=config)
+    assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
+    assert isinstance(output_cache(out), StaticCache)
+    stats, reference = out.speculative_stats, dynamic.speculative_stats
+    assert 0 < stats.num_accepted_tokens == reference.num_accepted_tokens
+    assert stats.num_drafted_tokens == reference.num_drafted_tokens

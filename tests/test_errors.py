@@ -25,7 +25,6 @@ GENERATE_ERRORS = {
     "num_return_sequences": (dict(num_return_sequences=2, do_sample=True), r"num_return_sequences=2 is not supported"),
     # rejected by transformers' GenerationConfig validation before our code runs; its message is clear
     "num_return_sequences_greedy": (dict(num_return_sequences=2), r"do not support `num_return_sequences`"),
-    "static_cache": (dict(cache_implementation="static"), r"needs a DynamicCache, got StaticCache"),
     "empty_prompt": (dict(input_ids=torch.empty(1, 0, dtype=torch.long)), r"The prompt is empty"),
     "float_input_ids": (dict(input_ids=torch.tensor([[1.0, 2.0, 3.0]])),
                         r"input_ids must hold integer token ids \(torch.long\); got dtype torch.float32"),

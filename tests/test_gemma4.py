@@ -40,7 +40,8 @@ def full_attention_caches(monkeypatch):
     gives), which batches need: a Gemma 4 target's own cache has sliding-window layers. Exact here: the window covers
     every slot."""
     prepare_cache = decoding_module.prepare_cache
-    monkeypatch.setattr(decoding_module, "prepare_cache", lambda cache, config: prepare_cache(DynamicCache(), config))
+    monkeypatch.setattr(decoding_module, "prepare_cache",
+                        lambda cache, config, *args: prepare_cache(DynamicCache(), config, *args))
 
 
 @needs_gemma4

@@ -23,6 +23,7 @@ from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, r
 from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
 from .bench import BenchSettings, draft_model_methods, named_methods, read_records, run_benchmark
+from .bench.engines import compiled_kwargs
 from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
 from .env import run_env
 from .plots import plot_benchmark, pyplot
@@ -124,7 +125,8 @@ def run_generate(args) -> int:
         raise ValueError(f"the prompt {args.prompt!r} tokenizes to no tokens: pass some text.")
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sampling = sampling if args.do_sample else dict(do_sample=False)
-    common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling)
+    common = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling,
+                  **(compiled_kwargs(target) if args.compile else {}))
     speculative = dict(candidate_generator=drafter, verifier=verifier, tokenizer=tokenizer,
                        num_draft_tokens_schedule=config.num_draft_tokens_schedule or DEFAULT_GENERATE_SCHEDULE,
                        return_dict_in_generate=True)
@@ -160,7 +162,8 @@ def _bench_settings(args) -> BenchSettings:
     return BenchSettings(max_new_tokens=args.max_new_tokens, batch_size=getattr(args, "batch_size", 1),
                          do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                          seed=args.seed, chat_template=args.chat, system_prompt=args.system,
-                         num_threads=args.threads, out_path=args.out, resume=args.resume)
+                         num_threads=args.threads, out_path=args.out, resume=args.resume,
+                         compile=getattr(args, "compile", False))
 
 
 def _interrupted(args) -> int:

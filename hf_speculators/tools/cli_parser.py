@@ -177,7 +177,14 @@ def _add_generate(commands, run) -> None:
     _add_head_options(gen, None, None)  # None: the preset's head, else the demo target's
     _add_verifier_option(gen, "the preset's, else exact for greedy decoding and rejection when sampling")
     _add_sampling_options(gen)
+    _add_compile_option(gen, "both the speculative and the plain run")
     gen.set_defaults(run=run)
+
+
+def _add_compile_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--compile", action="store_true",
+                        help=f"run {what} with a static cache and torch.compile (transformers' compile_config, told "
+                             "to compile on the CPU too); the warm-up call compiles")
 
 
 def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
@@ -206,6 +213,7 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                             "against plain batched generate(), methods that cannot batch are skipped (default: 1)")
     bench.add_argument("--out", default="bench_results/bench.jsonl",
                        help="JSONL records, one per (prompt, method), each written as soon as it is measured")
+    _add_compile_option(bench, "every method, beside plain (eager) and plain-compiled (the compiled baseline),")
     bench.add_argument("--resume", action="store_true",
                        help="continue the run recorded in --out (same methods, settings and prompts)")
     bench.add_argument("--plot", default=None, metavar="FILE.png",

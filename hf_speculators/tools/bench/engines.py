@@ -4,6 +4,9 @@ by transformers' own assisted generation (the baselines), and the assistant sett
 import copy
 from contextlib import contextmanager
 
+from transformers import CompileConfig
+
+from ...compiled import COMPILED_DEVICE_TYPES
 from ...config.build import build_drafter, build_verifier
 from ...config.methods import LOADED_DRAFT
 from ...decoding import generate
@@ -41,6 +44,16 @@ def generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeniz
     return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, tokenizer, **loaded),
             "verifier": verifier, "num_draft_tokens_schedule": check_schedule(config.num_draft_tokens_schedule),
             "target_tokenizer": tokenizer}
+
+
+def compiled_kwargs(target) -> dict:
+    """The `generate` keywords of compiled decoding, the same for plain decoding and every method: transformers'
+    static cache (`cache_implementation="static"`) and its default `CompileConfig` (inductor, `"reduce-overhead"`),
+    told to compile on devices transformers compiles on only when told (`_compile_all_devices`: the CPU)."""
+    config = CompileConfig()
+    if target.device.type not in COMPILED_DEVICE_TYPES:
+        config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
 
 
 @contextmanager

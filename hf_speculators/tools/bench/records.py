@@ -13,7 +13,8 @@ Record format (one JSON object per line, one line per (prompt, method), every li
     num_target_forwards                           whole-target forward calls (a hook, for every method; layer
                                                   skip's verification runs only the upper layers, not counted)
     forward_seconds                               seconds inside target and draft forwards and the target's
-                                                  modules run on their own by layer skip (hooks; CPU-exact)
+                                                  modules run on their own by layer skip (hooks; CPU-exact);
+                                                  both null with compile (no hooks in compiled forwards)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_drafted_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
     drafter, verifier, draft_lengths, num_steps_without_draft

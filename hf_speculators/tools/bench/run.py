@@ -2,10 +2,13 @@
 prompts, checks every exact method against plain greedy decoding and writes each record as soon as it is measured."""
 
 import json
+from dataclasses import replace
 from contextlib import ExitStack
 from typing import Mapping, Sequence
 
 import torch
+import transformers
+from packaging import version
 from tqdm.auto import tqdm
 
 from ...config import SpeculativeConfig
@@ -13,11 +16,16 @@ from ...config.methods import LOADED_DRAFT
 from ...config.registry import METHOD_SPECS
 from ...prompts import Prompt, encode_truncated, prompt_budget, prompts_fingerprint, use_chat_template
 from .batches import Batch, batch_skip_reason, make_batches, pad_token
-from .engines import generate_kwargs, pinned_assistant_config
+from .engines import compiled_kwargs, generate_kwargs, pinned_assistant_config
 from .records import RecordWriter, build_record, run_provenance
 from .settings import BenchMethod, BenchSettings, baseline_of
 from .summaries import BenchmarkResult, summarize
 from .timing import TimedRun, timed_generate, torch_threads
+
+
+COMPILED_PLAIN = "plain-compiled"  # transformers' plain decoding, compiled (`BenchSettings.compile`)
+# whether transformers' assisted decoding takes a static cache (from 5.24 on; 5.23 raises a ValueError)
+STATIC_ASSISTED = version.parse(transformers.__version__) >= version.parse("5.24")
 
 
 def run_benchmark(
@@ -72,8 +80,9 @@ def run_benchmark(
     """
     settings = BenchSettings() if settings is None else settings
     methods = {label: m if isinstance(m, BenchMethod) else BenchMethod(m) for label, m in methods.items()}
-    if "plain" in methods:
-        raise ValueError("'plain' is always run as the baseline: do not pass it among the methods.")
+    if {"plain", COMPILED_PLAIN} & set(methods):
+        raise ValueError(f"'plain' (and '{COMPILED_PLAIN}' with compile=True) always run as the baselines: do not "
+                         "pass them among the methods.")
     needs_draft = [label for label, m in methods.items() if m.config.draft_model == LOADED_DRAFT
                    or (m.engine == "transformers" and METHOD_SPECS[m.config.method].loads == "draft-model")]
     if needs_draft and draft is None:
@@ -88,11 +97,15 @@ def run_benchmark(
     encoded = [encode_truncated(tokenizer, p.text, chat_template, budget, target.device, settings.system_prompt)
                for p in prompts]
     batches = make_batches(encoded, settings.batch_size, pad_token(tokenizer))
-    kwargs = {"plain": {}} | {
-        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer)
+    compiled = compiled_kwargs(target) if settings.compile else None
+    kwargs = {"plain": {}} | ({COMPILED_PLAIN: compiled} if compiled else {}) | {
+        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer) | (compiled or {})
         for label, m in methods.items()}
     skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
+    if compiled and not STATIC_ASSISTED:
+        skipped |= {label: "transformers before 5.24 refuses static caches in assisted decoding (--compile)"
+                    for label, m in methods.items() if m.engine == "transformers"}
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
     run = {"settings": {**settings.recorded(), "max_prompt_tokens": budget, "chat_template": chat_template},
            "methods": {label: {"engine": m.engine, **m.config.to_dict()} for label, m in methods.items()},
@@ -114,11 +127,17 @@ def run_benchmark(
 def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchSettings, provenance,
                  writer: RecordWriter) -> list[dict]:
     """Warms every method up on the first batch, then runs all methods back to back on each batch not recorded yet,
-    writing each record as soon as it is measured; returns the resumed records and the new ones."""
+    writing each record as soon as it is measured; returns the resumed records and the new ones.
+
+    With `settings.compile` every method is warmed up on every batch (untimed) with random tokens of the batch's
+    shape, so that the timed calls measure compiled decoding, not compilation (transformers' plain compiled decoding
+    compiles again whenever a longer prompt grows its static cache, its assisted decoding for every new verify
+    length, ours once per cache length bucket), and no drafter with a memory across calls (suffix decoding) has
+    seen the batch's text before its timed call."""
     records = list(writer.done)
     done = {r["batch_index"] for r in records}
     todo = [(index, batch) for index, batch in enumerate(batches) if index not in done]
-    if todo:
+    if todo and not settings.compile:  # compiled runs warm up on every batch (below)
         for method_kwargs in kwargs.values():  # warm-up, untimed and unrecorded
             timed_generate(target, todo[0][1], method_kwargs, settings)
             if "candidate_generator" in method_kwargs:  # the first batch must not draft from its own warm-up output
@@ -126,6 +145,10 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
     progress = tqdm(todo, desc="bench", unit="batch" if settings.batch_size > 1 else "prompt",
                     disable=not settings.verbose)
     for batch_index, batch in progress:
+        if settings.compile:
+            noise = replace(batch, input_ids=torch.randint_like(batch.input_ids, target.config.vocab_size))
+            for method_kwargs in kwargs.values():
+                timed_generate(target, noise, method_kwargs, settings)
         plain = None
         for label, method_kwargs in kwargs.items():
             rows = timed_generate(target, batch, method_kwargs, settings)

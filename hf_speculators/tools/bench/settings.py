@@ -115,6 +115,10 @@ class BenchSettings:
             is measured, so that an interrupted run leaves a valid file of everything measured so far.
         resume (`bool`, defaults to `False`): continue the run recorded in `out_path` (same methods, settings and
             prompts): batches whose records are all there are kept and skipped, a batch cut short is run again.
+        compile (`bool`, defaults to `False`): run every method compiled (`engines.compiled_kwargs`: a static cache
+            and `torch.compile`, as transformers users switch it on), beside `"plain"` (eager: the exactness
+            reference) and `"plain-compiled"` (transformers' plain decoding, compiled the same way: the baseline of
+            `speedup_vs_compiled`). The warm-up call of each method compiles it.
 
     Raises:
         `ValueError`: a value out of range or of the wrong type, naming the field.
@@ -134,6 +138,7 @@ class BenchSettings:
     verbose: bool = True
     out_path: str | Path | None = None
     resume: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "num_threads"):
@@ -146,7 +151,7 @@ class BenchSettings:
             raise ValueError(f"temperature must be a number > 0, got {self.temperature!r}.")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}.")
-        for name in ("do_sample", "verbose", "resume"):
+        for name in ("do_sample", "verbose", "resume", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}.")
         if self.resume and self.out_path is None:

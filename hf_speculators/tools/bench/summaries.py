@@ -9,7 +9,7 @@ from .batches import padding_overhead
 
 # how each summary figure is written, in the bench's tables and in `hf-speculators report`
 FIGURE_FORMATS = {
-    "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
+    "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "speedup_vs_compiled": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
     "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
     "mean_draft_length": "{:.2f}",
 }
@@ -47,6 +47,7 @@ class BenchmarkResult:
         blocks = [
             ("tokens/s (total new tokens / total seconds)", "tokens_per_s"),
             ("speedup vs plain (ratio of tokens/s)", "speedup"),
+            ("speedup vs plain-compiled (static cache + torch.compile; ratio of tokens/s)", "speedup_vs_compiled"),
             ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
              "mean_acceptance_length"),
             ("identical-output rate (generated ids equal plain greedy's)", "identical_rate"),
@@ -54,7 +55,8 @@ class BenchmarkResult:
             ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio"),
             ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length"),
         ]
-        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks]
+        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks
+                 if key in self.summary["all"][methods[0]]]  # speedup_vs_compiled: only with plain-compiled
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
         lines += ["acceptance rate per draft position (all prompts)"] + [
             f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
@@ -104,8 +106,11 @@ def _summarize_group(records: list[dict]) -> dict[str, dict]:
     methods = list(dict.fromkeys(r["method"] for r in records))
     summary = {m: _summarize_method([r for r in records if r["method"] == m]) for m in methods}
     plain = summary.get("plain", {}).get("tokens_per_s")
+    compiled = summary.get("plain-compiled", {}).get("tokens_per_s")  # `run.COMPILED_PLAIN`, with compile=True
     for figures in summary.values():
         figures["speedup"] = figures["tokens_per_s"] / plain if plain else None
+        if compiled:
+            figures["speedup_vs_compiled"] = figures["tokens_per_s"] / compiled
         per_token = figures.pop("draft_seconds_per_token")
         figures["draft_cost_ratio"] = per_token * plain if plain and per_token is not None else None
     return summary
@@ -128,7 +133,8 @@ def _summarize_method(records: list[dict]) -> dict:
         "draft_seconds_per_token": sum(r["draft_time"] for r in with_stats) / num_drafted_tokens
         if num_drafted_tokens else None,
         "seconds": seconds,
-        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds if seconds > 0 else None,
+        "outside_forwards": 1 - sum(r["forward_seconds"] for r in records) / seconds
+        if seconds > 0 and all(r["forward_seconds"] is not None for r in records) else None,  # None: compiled runs
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "mean_acceptance_length": pooled.mean_acceptance_length if with_stats else None,
         "acceptance_rate_per_position": pooled.acceptance_rate_per_position if with_stats else None,

@@ -90,6 +90,10 @@ def timed_generate(target, batch: Batch, generate_kwargs: dict, settings: BenchS
     """One generate call on a batch of prompts (greedy or sampled as `settings` say, from `settings.seed`), timed,
     with its model forwards measured; `generate_kwargs` select the method (`engines.generate_kwargs`).
 
+    With `settings.compile` no module is hooked (`num_target_forwards` and `forward_seconds` are `None`): a hook
+    inside a compiled forward breaks its graph (dynamo cannot trace the clock) and hooks added after compilation
+    are not guarded, so compiled runs are timed as whole calls only.
+
     Returns:
         `list[TimedRun]`: one per row, each with the row's own new tokens and an even share of the call's seconds
         (`hf_speculators.tools.bench.batches`).
@@ -98,15 +102,18 @@ def timed_generate(target, batch: Batch, generate_kwargs: dict, settings: BenchS
     padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
                                                        "pad_token_id": batch.pad_token_id}
     torch.manual_seed(settings.seed)
-    with _forward_timer(target, timed_modules(target, generate_kwargs)) as forwards:
+    with _forward_timer(target, [] if settings.compile else timed_modules(target, generate_kwargs)) as forwards:
         start = clock(target.device)
         output = target.generate(batch.input_ids, max_new_tokens=settings.max_new_tokens, **settings.sampling(),
                                  return_dict_in_generate=True, **padding, **generate_kwargs)
         seconds = clock(target.device) - start
     stats = getattr(output, "speculative_stats", None)
     new_ids = row_new_ids(output.sequences, batch.input_ids.shape[1], target.generation_config.eos_token_id)
-    return [TimedRun(ids, seconds / rows, forwards["num_target_forwards"], forwards["forward_seconds"] / rows,
-                     row_stats(stats, row, rows)) for row, ids in enumerate(new_ids)]
+    num_forwards, forward_seconds = forwards["num_target_forwards"], forwards["forward_seconds"] / rows
+    if settings.compile:
+        num_forwards = forward_seconds = None
+    return [TimedRun(ids, seconds / rows, num_forwards, forward_seconds, row_stats(stats, row, rows))
+            for row, ids in enumerate(new_ids)]
 
 
 def timed_generate_one(target, input_ids: torch.LongTensor, generate_kwargs: dict,

@@ -1,0 +1,59 @@
+"""Counts the graphs dynamo compiles for the speculative loop's decoding steps over a run of Spec-Bench prompts.
+
+The demo target and a preset run greedy with a static cache and transformers' compile switch, compiled with dynamo's
+`"eager"` backend (graphs captured and guarded as under inductor, no code generated: the count is inductor's, at a
+fraction of its time). Each call's prompt length, the goodput schedule's draft lengths and the rows' rejections
+change from call to call; after the first call (the warm-up) no new graph should appear, except for a new cache
+length bucket (`hf_speculators.static_cache.length_bucket`) or batch size. Prints the graph count after every call.
+
+    python examples/count_recompilations.py [--limit 30] [--max-new-tokens 64] [--preset demo-hybrid] \\
+        [--schedule goodput] [--batch-size 1]
+"""
+
+import argparse
+
+import torch
+from torch._dynamo.utils import counters
+from transformers import CompileConfig
+
+import hf_speculators as hs
+from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
+from hf_speculators.prompts import encode_truncated, load_prompts
+from hf_speculators.static_cache import length_bucket
+from hf_speculators.tools.bench.batches import make_batches, pad_token
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--preset", default="demo-hybrid")
+    parser.add_argument("--schedule", default="goodput")
+    parser.add_argument("--batch-size", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, tokenizer = hs.enable(load_model(DEMO_TARGET, "float32", "cpu")), load_tokenizer(DEMO_TARGET)
+    config = hs.SpeculativeConfig.from_pretrained(args.preset)
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True
+    encoded = [encode_truncated(tokenizer, p.text, False, 512, model.device)
+               for p in load_prompts("spec-bench", limit=args.limit)]
+    graphs, buckets = [], []
+    for batch in make_batches(encoded, args.batch_size, pad_token(tokenizer)):
+        padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
+                                                           "pad_token_id": batch.pad_token_id}
+        out = model.generate(batch.input_ids, speculative_config=config, tokenizer=tokenizer, do_sample=False,
+                             max_new_tokens=args.max_new_tokens, num_draft_tokens_schedule=args.schedule,
+                             cache_implementation="static", compile_config=compile_config, **padding)
+        plain = model.generate(batch.input_ids, do_sample=False, max_new_tokens=args.max_new_tokens, **padding)
+        assert torch.equal(out, plain), "the compiled loop's output differs from plain greedy decoding"
+        graphs.append(counters["stats"]["unique_graphs"])
+        buckets.append(length_bucket(batch.input_ids.shape[1] + args.max_new_tokens + 4))
+    print(f"{args.preset}, {args.schedule} schedule, {len(graphs)} calls of batch {args.batch_size}, "
+          f"{args.max_new_tokens} new tokens: graphs after each call {graphs}")
+    print(f"cache length buckets (approximate) {sorted(set(buckets))}; new graphs after the first call: "
+          f"{graphs[-1] - graphs[0]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Compiled decoding steps: whether a call compiles the target's verify forward, and the fixed query width it runs at.
+
+The switch is transformers' own (`GenerationMixin._valid_auto_compile_criteria` in 5.23 and 5.24): a static cache
+(`cache_implementation="static"`, or a `StaticCache` passed), `disable_compile` unset, and a CUDA, XPU, Neuron or
+TPU device, or any device when `generation_config.compile_config._compile_all_devices` is set (how the bench
+compiles on the CPU, for plain decoding and ours alike). The forward is `model.get_compiled_call(compile_config)`,
+the one transformers' plain decoding uses. Prefill forwards (each prompt's own length) run eagerly; every decoding
+step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fixed verify width), its masks span
+the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
+cache length bucket (`static_cache.length_bucket`).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .static_cache import is_static
+
+COMPILED_DEVICE_TYPES = ("cuda", "xpu", "neuron", "tpu")  # where transformers compiles without being told
+
+
+@dataclass(frozen=True)
+class CompiledSteps:
+    """How a call runs its decoding steps' target forwards.
+
+    Args:
+        forward (`Callable`): the compiled `model.__call__` (`PreTrainedModel.get_compiled_call`).
+        num_query (`int`): the query width every step is padded to (a chain: its draft length plus the pending token).
+    """
+
+    forward: Callable
+    num_query: int
+
+
+def compiles(model, cache, generation_config) -> bool:
+    """Whether transformers' plain decoding would compile `model`'s forward with `cache` and `generation_config`
+    (the rule of `GenerationMixin._valid_auto_compile_criteria`, quantizers and offloading aside: see `compiled_steps`)."""
+    if generation_config.disable_compile or not is_static(cache):
+        return False
+    compile_config = generation_config.compile_config
+    return model.device.type in COMPILED_DEVICE_TYPES or bool(
+        compile_config is not None and compile_config._compile_all_devices)
+
+
+def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
+    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
+    when the call runs eagerly: `compiles` says no, a quantizer cannot compile, a model is spread over devices with
+    CPU or disk offload (as transformers decides), or the drafter reads the target's hidden states (EAGLE, Medusa:
+    `target.FeatureCapture` adds hooks to each forward, which are kept out of compiled graphs: dynamo does not guard
+    module hooks by default, and hooks inside an inductor graph are not tested here)."""
+    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
+        return None
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and not quantizer.is_compileable:
+        return None
+    devices = set(getattr(model, "hf_device_map", {}).values())
+    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
+        return None
+    return CompiledSteps(model.get_compiled_call(generation_config.compile_config), drafter.num_draft_tokens + 1)

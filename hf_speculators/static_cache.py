@@ -1,0 +1,99 @@
+"""transformers' `StaticCache` in the speculative loop: length buckets, the length reset, in-place slot moves.
+
+A static cache preallocates `max_cache_len` slots per layer and counts the ones in use (`cumulative_length`, a
+tensor, so compiled forwards see no new Python int); every forward writes its keys and values at that count and
+attends over all `max_cache_len` slots, the unused ones masked. Dropping rejected draft tokens is then a length
+reset: the next forward overwrites them (gpt-fast and vLLM keep a preallocated cache the same way). transformers
+5.24 has `StaticLayer.crop` for it; 5.23 has none, so `reset_length` lowers the count itself. Nothing here
+reallocates a layer except `select_rows` (rows that finished leave the batch).
+"""
+
+import torch
+from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
+
+MIN_BUCKET = 256  # the smallest static cache length (slots per row) the loop allocates
+
+
+def is_static(cache) -> bool:
+    """Whether any layer of `cache` is a preallocated static layer (`StaticLayer` or a subclass)."""
+    return any(isinstance(layer, StaticLayer) for layer in cache.layers)
+
+
+def allocated(cache) -> bool:
+    """Whether every layer of `cache` holds its tensors (a static layer allocates them in its first forward)."""
+    return all(layer.is_initialized for layer in cache.layers)
+
+
+def length_bucket(num_slots: int) -> int:
+    """The static cache length for `num_slots` slots: the next power of two, at least `MIN_BUCKET`, so calls with
+    different prompt and generation lengths share a few shapes (each a compiled graph)."""
+    return max(MIN_BUCKET, 1 << (max(num_slots, 1) - 1).bit_length())
+
+
+def static_length(cache) -> int:
+    """The slots per row every static layer of `cache` holds (`max_cache_len`)."""
+    return cache.layers[0].max_cache_len
+
+
+def prepare_static_cache(cache, config, num_slots: int):
+    """A static cache that holds `num_slots` slots per row: when `cache` is empty (as `cache_implementation="static"`
+    makes it, of `max_length - 1` slots or an earlier call's length: too few for a draft, or not a bucket), a new
+    `StaticCache` of `length_bucket(num_slots)` slots, so that calls share a few cache shapes; a prefilled `cache`
+    itself, when it holds `num_slots`.
+
+    Raises:
+        `ValueError`: layers other than full-attention `StaticLayer`s (a sliding window keeps only its last tokens
+            and rolls them over, which a length reset cannot undo), or a prefilled cache shorter than `num_slots`.
+    """
+    refused = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+    if refused:
+        raise ValueError(
+            f"Speculative decoding with a static cache needs full-attention StaticLayer layers; this cache has "
+            f"{refused} (a sliding window past its size cannot take back rejected tokens). Use the default dynamic "
+            "cache (drop cache_implementation='static') for this model."
+        )
+    if int(cache.get_seq_length()) == 0:
+        return StaticCache(config=config, max_cache_len=length_bucket(num_slots))
+    if static_length(cache) < num_slots:
+        raise ValueError(
+            f"The static cache passed holds {static_length(cache)} slots per row, fewer than the {num_slots} this "
+            "call may write (max_length plus a draft, plus masked holes for a batch): pass a StaticCache with "
+            f"max_cache_len >= {num_slots}, or an empty one."
+        )
+    return cache
+
+
+def reset_length(layer: StaticLayer, num_tokens: int) -> None:
+    """Drops the last `num_tokens` (> 0) tokens of a static `layer` by lowering its count in place: 5.24's
+    `StaticLayer.crop`, or the same reset on 5.23, which has none."""
+    if not layer.is_initialized:
+        return
+    if "crop" in vars(StaticLayer):
+        layer.crop(-num_tokens)
+    else:
+        layer.cumulative_length.sub_(num_tokens)
+
+
+def store_slots(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Makes `keys` and `values` `(batch_size, num_heads, width, head_dim)` the first `width` slots of `layer`: in
+    place for a static layer (compiled forwards keep its addresses; the caller resets its length), replacing the
+    tensors of a dynamic one."""
+    if isinstance(layer, StaticLayer):
+        width = keys.shape[-2]
+        layer.keys[..., :width, :] = keys
+        layer.values[..., :width, :] = values
+    else:
+        layer.keys, layer.values = keys, values
+
+
+def select_rows(cache, rows: torch.LongTensor) -> None:
+    """Keeps the batch rows `rows` of every static layer of `cache` (new tensors, marked static again: a
+    compiled forward sees one graph per batch size)."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            index = rows.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+            layer.batch_size = layer.keys.shape[0]
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)

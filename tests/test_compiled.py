@@ -1,0 +1,85 @@
+"""Compiled decoding steps (static cache + `compile_config`): no recompilation after warm-up, exact under inductor.
+
+The recompilation test compiles with dynamo's `"eager"` backend (graphs are captured and guarded as with inductor,
+without code generation), so it costs seconds; one test runs inductor for exactness (about a minute on one core).
+"""
+
+import torch
+from torch._dynamo.utils import counters
+from transformers import CompileConfig, DynamicCache, StaticCache
+
+import hf_speculators as hs
+from hf_speculators.compiled import compiled_steps, compiles
+from hf_speculators.drafters.base import TargetNeeds
+from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
+from speculative_helpers import PROMPTS, plain_generate
+from tiny_models import build_noisy_copy, build_target
+
+
+def compile_config(backend: str) -> CompileConfig:
+    """transformers' CompileConfig, told to compile on the CPU too (as the bench does for every method)."""
+    config = CompileConfig(backend=backend, mode=None if backend == "eager" else "default")
+    config._compile_all_devices = True
+    return config
+
+
+def unique_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiles_as_transformers_decides(zoo):
+    model = zoo.target("llama")
+    static = StaticCache(config=model.config, max_cache_len=8)
+    config = model.generation_config
+    assert not compiles(model, static, config)  # a CPU without _compile_all_devices
+    config = type(config)(compile_config=compile_config("eager"))
+    assert compiles(model, static, config) and not compiles(model, DynamicCache(), config)
+    assert compiled_steps(model, static, config, hs.PromptLookupDrafter(3)).num_query == 4
+
+    class FeatureReader(hs.PromptLookupDrafter):  # reads hidden states, as EAGLE and Medusa heads do
+        def target_needs(self, target):
+            return TargetNeeds(layer_ids=(0,))
+
+    assert compiled_steps(model, static, config, FeatureReader(3)) is None  # hooks stay out of compiled graphs
+    config.disable_compile = True
+    assert not compiles(model, static, config)
+
+
+def test_no_recompilation_after_warm_up():
+    """Calls with new prompt lengths, draft lengths that change every step (the goodput schedule, budgets cut by
+    max_length) and rejections: the first call compiles one graph for its steps, later calls compile nothing."""
+    torch._dynamo.reset()
+    model = hs.enable(build_target("llama"))
+    drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=4)
+    settings = dict(do_sample=False, cache_implementation="static", compile_config=compile_config("eager"))
+    prompts = [PROMPTS["random"], PROMPTS["one_token"], tuple(range(3, 40)), PROMPTS["repetitive"]]
+    graphs, lengths = [], set()
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, candidate_generator=drafter, max_new_tokens=MAX_NEW_TOKENS + i,
+                             num_draft_tokens_schedule="goodput" if i % 2 else "constant",
+                             return_dict_in_generate=True, **settings)
+        assert out.sequences.tolist() == plain_generate(model, ids, max_new_tokens=MAX_NEW_TOKENS + i).tolist()
+        lengths.update(k for k, steps in enumerate(out.speculative_stats.draft_lengths) if steps)
+        graphs.append(unique_graphs())
+    assert len(lengths) > 2  # drafts of several lengths ran
+    assert graphs == [1] * len(prompts)  # one graph, compiled in the first call (a new width would add one)
+
+
+def test_exact_under_inductor():
+    """One row and a ragged batch, with rejections, compiled by inductor: token for token plain greedy output."""
+    torch._dynamo.reset()
+    model = build_target("llama")
+    drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
+    settings = dict(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, cache_implementation="static",
+                    compile_config=compile_config("inductor"), pad_token_id=PAD)
+    names = ("random", "repetitive")
+    ids, mask = left_padded([PROMPTS[name] for name in names])
+    out = model.generate(ids, attention_mask=mask, custom_generate=hs.generate, candidate_generator=drafter,
+                         **settings)
+    assert torch.equal(out, plain_generate(model, ids, attention_mask=mask, max_new_tokens=MAX_NEW_TOKENS,
+                                           pad_token_id=PAD))
+    ids = ids[1:]
+    out = model.generate(ids, custom_generate=hs.generate, candidate_generator=drafter, **settings)
+    assert out.tolist() == plain_generate(model, ids, max_new_tokens=MAX_NEW_TOKENS).tolist()
+    assert unique_graphs() >= 1

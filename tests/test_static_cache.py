@@ -1,0 +1,87 @@
+"""transformers' StaticCache in the speculative loop (eager): exact output, length resets, buckets, refusals."""
+
+import pytest
+import torch
+from transformers import StaticCache
+
+import hf_speculators as hs
+import hf_speculators.loop as loop
+from hf_speculators.cache import RaggedCache
+from hf_speculators.static_cache import MIN_BUCKET, length_bucket
+from batch_helpers import MAX_NEW_TOKENS
+from drafters_for_tests import WrongFirstTreeDrafter
+from speculative_helpers import cache_kwargs, make_drafter, output_cache, prompt_ids, speculative_generate
+from test_batch import BATCH_PROMPTS, batched, expected_batch, scripted
+from tiny_models import build_model
+
+STATIC = dict(cache_implementation="static")
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 4])
+@pytest.mark.parametrize("kind", ["noisy_draft_model", "scripted", "adversary", "prompt_lookup"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_one_row_is_plain_greedy_output(zoo, arch, kind, num_draft_tokens):
+    reference = zoo.reference(arch, "repetitive", max_new_tokens=MAX_NEW_TOKENS)
+    drafter = make_drafter(kind, num_draft_tokens, zoo, arch, reference=reference)
+    out = speculative_generate(zoo.target(arch), prompt_ids("repetitive"), drafter, return_dict_in_generate=True,
+                               **STATIC)
+    assert out.sequences.tolist() == reference.tolist()
+    cache = output_cache(out)
+    assert isinstance(cache, StaticCache)  # the loop's own bucketed cache, holding every token but the last
+    assert cache.layers[0].max_cache_len == MIN_BUCKET
+    assert int(cache.get_seq_length()) == reference.shape[1] - 1
+    if kind in ("scripted", "adversary") and num_draft_tokens > 1:
+        stats = out.speculative_stats
+        assert stats.num_drafted_tokens > stats.num_accepted_tokens  # rejections did reset the length
+
+
+@pytest.mark.parametrize("max_holes", [None, 0])
+def test_batch_rows_are_their_own_plain_output(zoo, monkeypatch, max_holes):
+    """Ragged rows over a static cache: holes masked over its whole length; `max_holes=0` compacts in place."""
+    if max_holes is not None:
+        monkeypatch.setattr(loop, "RaggedCache",
+                            lambda cache, valid, _, **kwargs: RaggedCache(cache, valid, max_holes, **kwargs))
+    drafter = scripted(zoo, "llama", BATCH_PROMPTS, 4, max_new_tokens=MAX_NEW_TOKENS)
+    out = batched(zoo.target("llama"), drafter, **STATIC)
+    assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
+
+
+def test_finished_rows_leave_a_static_batch(zoo):
+    eos = int(zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)[0, len(prompt_ids("random")[0]) + 2])
+    out = batched(zoo.target("llama"), hs.PromptLookupDrafter(3), eos_token_id=eos, **STATIC)
+    expected = expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    lengths = [row.num_generated_tokens for row in out.speculative_stats.row_stats]
+    assert len(set(lengths)) > 1  # a row did leave early
+
+
+def test_length_buckets():
+    assert [length_bucket(n) for n in (1, 200, 256, 257, 600)] == [MIN_BUCKET, MIN_BUCKET, MIN_BUCKET, 512, 1024]
+
+
+def test_prefilled_static_cache_continues(zoo):
+    """A static cache that the caller prefilled and that holds the call: kept, its tokens not computed again."""
+    model = zoo.target("llama")
+    ids = prompt_ids("random")
+    cache = StaticCache(config=model.config, max_cache_len=512)
+    model(ids[:, :-2], use_cache=True, **cache_kwargs(model, cache))
+    reference = zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)
+    out = speculative_generate(model, ids, hs.PromptLookupDrafter(3), return_dict_in_generate=True,
+                               **cache_kwargs(model, cache))
+    assert out.sequences.tolist() == reference.tolist()
+    assert output_cache(out) is cache
+
+
+def test_refusals(zoo):
+    model = zoo.target("llama")
+    ids = prompt_ids("random")
+    short = StaticCache(config=model.config, max_cache_len=16)
+    model(ids, use_cache=True, **cache_kwargs(model, short))
+    with pytest.raises(ValueError, match="fewer than the"):
+        speculative_generate(model, ids, hs.PromptLookupDrafter(3), **cache_kwargs(model, short))
+    sliding = build_model("qwen2_sliding", seed=1)
+    with pytest.raises(ValueError, match="StaticLayer"):
+        speculative_generate(sliding, ids, hs.PromptLookupDrafter(3), max_new_tokens=8, **STATIC)
+    reference = zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)
+    with pytest.raises(ValueError, match="Token trees run on the dynamic cache"):
+        speculative_generate(model, ids, WrongFirstTreeDrafter(reference, 3), **STATIC)
