@@ -2,6 +2,7 @@
 
 import json
 import shlex
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -122,11 +123,13 @@ def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
 
 
 def to_vllm_with_notes(config, resolve_ids: bool = True) -> tuple[dict, list[str]]:
-    """`to_vllm(config, resolve_ids)` and the messages of the warnings it gave (what was left out), for printing."""
+    """`to_vllm(config, resolve_ids)` and notes for printing: what vLLM needs to run the method (`VllmMapping.needs`)
+    and the messages of the warnings it gave (what was left out)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exported = to_vllm(config, resolve_ids)
-    return exported, [str(warning.message) for warning in caught]
+    needs = METHOD_SPECS[config.method].vllm.needs
+    return exported, [*([needs] if needs else []), *(str(warning.message) for warning in caught)]
 
 
 def llm_call(target: str | None, speculative_config: dict) -> str:
@@ -164,19 +167,34 @@ def convert_medusa_heads(config, out: str | Path) -> tuple[dict, list[str]]:
             "num_speculative_tokens": config.num_draft_tokens or heads.num_heads}, notes
 
 
-def vllm_commands(config, out: str | Path | None = None) -> str:
-    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
-    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
-    unset). Medusa heads are first converted to vLLM's layout in `out` (`convert_medusa_heads`; default
-    `medusa-vllm` in the working directory).
+def export(config, out: str | Path | None = None) -> tuple[dict, list[str]]:
+    """vLLM's `speculative_config` for `config` and notes on what was left out: `to_vllm_with_notes`, or for Medusa
+    heads `convert_medusa_heads` into `out` (default: a new temporary folder, named in a note, that stays after
+    the call: the exported config points at it).
 
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    if config.method == "medusa":
-        exported, notes = convert_medusa_heads(config, out or "medusa-vllm")
-    else:
-        exported, notes = to_vllm_with_notes(config)
+    if config.method != "medusa":
+        return to_vllm_with_notes(config)
+    folder = out or tempfile.mkdtemp(prefix="hf-speculators-medusa-vllm-")
+    exported, notes = convert_medusa_heads(config, folder)
+    if out is None:
+        notes.append(f"the Medusa heads in vLLM's layout are in the temporary folder {folder}; --out DIR writes "
+                     "them where you want to keep them")
+    return exported, notes
+
+
+def vllm_commands(config, out: str | Path | None = None) -> str:
+    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
+    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
+    unset), after notes on what was left out. Medusa heads are first converted to vLLM's layout in `out` (default:
+    a temporary folder; see `export`).
+
+    Raises:
+        `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
+    """
+    exported, notes = export(config, out)
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
     return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,

@@ -22,6 +22,8 @@ from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
+from ..vllm_check.check import check_export
+from ..vllm_check.client import require_vllm_python
 from .bench import DRAFT_MODEL_METHODS, BenchSettings, named_methods, read_records, run_benchmark
 from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
 from .env import run_env
@@ -251,8 +253,15 @@ def run_presets_show(args) -> int:
 
 
 def run_export(args) -> int:
-    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name), args.out))
-    return 0
+    config = SpeculativeConfig.from_pretrained(args.name)
+    if args.check:
+        require_vllm_python(args.vllm_python)  # before exporting: a missing environment is bad input
+    print(vllm_commands(config, args.out))
+    if not args.check:
+        return 0
+    result = check_export(config, args.out, args.vllm_python)
+    print(f"\n--- vLLM check (greedy, fp32, {result.num_prompts} Spec-Bench prompts)\n{result.report()}")
+    return 0 if result.identical else 1
 
 
 def run_plot(args) -> int:
