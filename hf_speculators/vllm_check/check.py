@@ -114,7 +114,7 @@ def check(reference: Reference, config, speculative_config: dict) -> CheckResult
         spec_vs_plain=sum(a == b for a, b in zip(served["outputs"], reference.vllm)),
         cross_engine=differences(reference.model, reference.prompts, reference.ours, reference.vllm),
         stats=stats, counters=served["counters"], gap=acceptance_gap(stats, served["counters"]),
-        num_prompts=len(reference.prompts), vllm_seconds=served["pass_seconds"]["batch"],
+        num_prompts=len(reference.prompts), vllm_seconds=served["pass_seconds"][0],
         ours_identical=sum(a == b for a, b in zip(ours, reference.ours)),
     )
 

@@ -4,9 +4,10 @@ nothing from hf_speculators, and hf_speculators never imports vLLM (`hf_speculat
 
 Usage: `VLLM_PYTHON worker.py REQUEST.json RESULT.json`. The request holds `target` (a model folder), `prompts`
 (lists of token ids), `max_tokens`, `speculative_config` (vLLM's dict, or null for plain decoding), `dtype`,
-`max_model_len`, `kv_cache_memory_bytes` and `passes`: how the prompts are generated, in order, each timed
-(`"batch"`: all prompts in one `generate` call; `"each"`: one call per prompt). Outputs and counters come from the
-first pass. vLLM spawns its engine in another process, hence the `__main__` guard.
+`max_model_len`, `kv_cache_memory_bytes`, `threads` (OpenMP threads of the engine, default 1) and `passes`: how
+the prompts are generated, in order, each timed into `pass_seconds` (`"batch"`: all prompts in one `generate`
+call; `"each"`: one call per prompt). Outputs and counters come from the first pass. vLLM spawns its engine in
+another process, hence the `__main__` guard.
 """
 
 import json
@@ -45,6 +46,7 @@ def read_counters(llm) -> dict:
 def main(request_path: str, result_path: str) -> None:
     with open(request_path, encoding="utf-8") as file:
         request = json.load(file)
+    os.environ["OMP_NUM_THREADS"] = str(request.get("threads", 1))  # the engine process inherits it
     started = time.perf_counter()
     import vllm
     from vllm import LLM, SamplingParams
@@ -56,14 +58,14 @@ def main(request_path: str, result_path: str) -> None:
     startup = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=request.get("ignore_eos", False))
     prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
-    result = {"vllm_version": vllm.__version__, "startup_seconds": startup, "pass_seconds": {}}
+    result = {"vllm_version": vllm.__version__, "startup_seconds": startup, "pass_seconds": []}
     for i, mode in enumerate(request.get("passes", ["batch"])):
         begin = time.perf_counter()
         if mode == "batch":
             outputs = llm.generate(prompts, params, use_tqdm=False)
         else:
             outputs = [llm.generate([prompt], params, use_tqdm=False)[0] for prompt in prompts]
-        result["pass_seconds"][mode] = time.perf_counter() - begin
+        result["pass_seconds"].append(time.perf_counter() - begin)
         if i == 0:
             result["outputs"] = [list(output.outputs[0].token_ids) for output in outputs]
             result["counters"] = read_counters(llm)
