@@ -29,6 +29,8 @@ PRESETS = {
     "demo-draft-model": (3, True),
     "demo-medusa": (3, True),  # against our exact verifier (vLLM verifies Medusa's drafts losslessly)
     "demo-prompt-lookup": (8, False),  # vLLM's n-gram rule picks other matches than ours: reported, not compared
+    # vLLM drafts from the tokens both vocabularies share (use_heterogeneous_vocab), we translate text: reported
+    "demo-draft-model-other-tokenizer": (3, False),
 }
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..heads.files import head_folder
 from ..heads.medusa_formats import read_medusa_heads, save_vllm_medusa
-from ..loading import load_model, resolve_model_id
+from ..loading import load_model, load_tokenizer, resolve_model_id
+from ..translation import same_vocabulary
 from ..verifiers import VERIFIERS
 from .registry import METHOD_SPECS
 
@@ -54,6 +55,17 @@ def _check_trees(config) -> None:
                          "drafts max_spec_factor tokens per matched token. Remove max_spec_offset to export.")
 
 
+def _other_vocabulary(config) -> bool:
+    """Whether a draft model (method draft-model) has another tokenizer than the target's, judged where both are
+    local folders (demo ids included): a pair of Hub ids is not downloaded for this and counts as one vocabulary."""
+    if config.target_model is None or METHOD_SPECS[config.method].loads != "draft-model":
+        return False
+    target, draft = resolve_model_id(config.target_model), resolve_model_id(config.draft_model)
+    if not (Path(target).is_dir() and Path(draft).is_dir()):
+        return False
+    return not same_vocabulary(load_tokenizer(target), load_tokenizer(draft))
+
+
 def _draft_settings(config, resolve_ids: bool) -> dict:
     if config.is_self_draft:
         raise ValueError(
@@ -63,6 +75,8 @@ def _draft_settings(config, resolve_ids: bool) -> dict:
     settings = {"model": resolve_model_id(config.draft_model) if resolve_ids else config.draft_model}
     if config.draft_revision is not None:
         settings["revision"] = config.draft_revision
+    if _other_vocabulary(config):  # vLLM's token-level intersection of the two vocabularies (greedy drafts only)
+        settings["use_heterogeneous_vocab"] = True
     quantization = config.draft_quantization
     if quantization is not None:
         if quantization not in VLLM_QUANTIZATIONS:
@@ -81,7 +95,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, suffix decoding's settings ->
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
-    `quantization="fp8"`. Unset fields are filled with this library's drafter defaults, so vLLM runs what
+    `quantization="fp8"`; a draft model of another tokenizer (both local folders) -> `use_heterogeneous_vocab=True`
+    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are filled with this library's drafter defaults, so vLLM runs what
     `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
     schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
     drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
