@@ -133,3 +133,13 @@ def test_vllm_serves_a_head_that_train_eagle3_has_just_trained(reference, tmp_pa
     assert result.spec_vs_plain == result.num_prompts, result.report()
     assert result.ours_identical == result.num_prompts, result.report()
     assert result.counters["num_drafts"] > 0 and result.gap <= TOLERANCE, result.report()
+
+
+def test_export_check_prints_both_engines_side_by_side(capsys):
+    from hf_speculators.tools import cli
+
+    assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--check", "--vllm-python", PYTHON]) == 0
+    out = capsys.readouterr().out
+    assert "greedy output, vLLM speculative = vLLM plain: 4/4 prompts" in out
+    assert "greedy output, vLLM plain = ours: 4/4 prompts" in out
+    assert out.count("mean acceptance length") == 2 and "\nvLLM  mean acceptance length" in out

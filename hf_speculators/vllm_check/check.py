@@ -28,6 +28,7 @@ class Reference:
 
     target: str
     model: object
+    tokenizer: object
     prompts: list[list[int]]
     max_new_tokens: int
     ours: list[list[int]]
@@ -43,7 +44,7 @@ class Reference:
         prompts = encode_prompts(tokenizer, num_prompts)
         ours, _ = our_outputs(model, prompts, max_new_tokens)
         served = run_vllm(request(folder, prompts, max_new_tokens, None), vllm_python)
-        return cls(folder, model, prompts, max_new_tokens, ours, served["outputs"], vllm_python)
+        return cls(folder, model, tokenizer, prompts, max_new_tokens, ours, served["outputs"], vllm_python)
 
 
 def request(target: str, prompts, max_new_tokens: int, speculative_config: dict | None, passes=("batch",)) -> dict:
@@ -108,7 +109,8 @@ def check(reference: Reference, config, speculative_config: dict) -> CheckResult
     """
     served = run_vllm(request(reference.target, reference.prompts, reference.max_new_tokens, speculative_config),
                       reference.vllm_python)
-    ours, stats = our_outputs(reference.model, reference.prompts, reference.max_new_tokens, comparable(config))
+    ours, stats = our_outputs(reference.model, reference.prompts, reference.max_new_tokens, comparable(config),
+                              reference.tokenizer)
     return CheckResult(
         speculative_config=speculative_config,
         spec_vs_plain=sum(a == b for a, b in zip(served["outputs"], reference.vllm)),

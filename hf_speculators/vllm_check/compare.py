@@ -21,9 +21,11 @@ def encode_prompts(tokenizer, limit: int) -> list[list[int]]:
     return [encode_prompt(tokenizer, text, chat)["input_ids"][0].tolist() for text in texts]
 
 
-def our_outputs(model, prompts: list[list[int]], max_new_tokens: int, config=None) -> tuple[list[list[int]], SpeculativeStats]:
+def our_outputs(model, prompts: list[list[int]], max_new_tokens: int, config=None,
+                tokenizer=None) -> tuple[list[list[int]], SpeculativeStats]:
     """Greedy new tokens of `model` for each prompt (batch 1), with `config` (a `SpeculativeConfig`) or plain
-    `generate()` when `None`, and the speculative figures summed over prompts (empty for plain decoding)."""
+    `generate()` when `None`, and the speculative figures summed over prompts (empty for plain decoding).
+    `tokenizer`, the target's, is passed on for a draft of another tokenizer."""
     outputs, total = [], SpeculativeStats()
     for ids in prompts:
         input_ids = torch.tensor([ids], device=model.device)
@@ -32,8 +34,8 @@ def our_outputs(model, prompts: list[list[int]], max_new_tokens: int, config=Non
                                        max_new_tokens=max_new_tokens)
         else:
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), custom_generate=generate,
-                                 speculative_config=config, do_sample=False, max_new_tokens=max_new_tokens,
-                                 return_dict_in_generate=True)
+                                 speculative_config=config, target_tokenizer=tokenizer, do_sample=False,
+                                 max_new_tokens=max_new_tokens, return_dict_in_generate=True)
             sequences = out.sequences
             total.add(out.speculative_stats)
         outputs.append(sequences[0, len(ids):].tolist())
