@@ -98,7 +98,7 @@ def test_every_exported_key_is_a_vllm_field(tmp_path):
         config = SpeculativeConfig.from_pretrained(name)
         try:
             exported = _exported(config, tmp_path / name)
-        except ValueError:  # no vLLM equivalent (refused with its reason; tested in test_vllm_export.py)
+        except ValueError:  # no vLLM equivalent: refused with its reason (tests/test_user_path.py)
             continue
         assert set(exported) <= known, f"{name}: {sorted(set(exported) - known)} are not vLLM fields"
         checked.append(config.method)

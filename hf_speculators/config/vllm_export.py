@@ -96,8 +96,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
     `quantization="fp8"`; a draft model of another tokenizer (both local folders) -> `use_heterogeneous_vocab=True`
-    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are filled with this library's drafter defaults, so vLLM runs what
-    `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
+    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are
+    filled with this library's drafter defaults, so vLLM runs what `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
     schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
     drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
 

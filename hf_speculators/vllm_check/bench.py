@@ -67,7 +67,8 @@ def _measure(name, model, prompts, max_new_tokens, pad_id, target, vllm_python, 
     _ours(model, prompts[:1], 8, config, pad_id, batch=False)  # warm-up
     latency = _ours(model, prompts, max_new_tokens, config, pad_id, batch=False)
     throughput = _ours(model, prompts, max_new_tokens, config, pad_id, batch=True)
-    served = run_vllm(request(target, prompts, max_new_tokens, exported, passes=("batch", "each", "batch")), vllm_python)
+    passes = ("batch", "each", "batch")  # a warm-up, batch 1, batch 8
+    served = run_vllm(request(target, prompts, max_new_tokens, exported, passes), vllm_python)
     vllm_tokens = sum(map(len, served["outputs"]))
     per_position, length = vllm_acceptance(served["counters"])
     return {

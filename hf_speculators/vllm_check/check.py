@@ -17,14 +17,16 @@ def comparable(config):
     changes = {}
     if config.num_draft_tokens_schedule not in (None, "constant"):
         changes["num_draft_tokens_schedule"] = "constant"
-    if config.verification is not None and not (config.verification in VERIFIERS and VERIFIERS[config.verification].lossless):
+    verification = config.verification
+    if verification is not None and not (verification in VERIFIERS and VERIFIERS[verification].lossless):
         changes["verification"] = None
     return config.override(**changes) if changes else config
 
 
 @dataclass
 class Reference:
-    """The target, the prompts and both engines' plain greedy outputs, shared by the checks of one target."""
+    """The target (its folder, model and tokenizer), the prompts (token ids), and both engines' plain greedy new
+    tokens per prompt (`ours`, `vllm`), shared by the checks of one target."""
 
     target: str
     model: object

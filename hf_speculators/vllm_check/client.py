@@ -42,7 +42,8 @@ def run_vllm(request: dict, python: str | os.PathLike | None = None, timeout: fl
     """Runs one vLLM engine in vLLM's own Python on `request` (the keys `worker.py` documents: `target`, `prompts` as
     token ids, `max_tokens`, `speculative_config`, `passes`...) and returns its result: `outputs` (generated token
     ids per prompt), `counters` (vLLM's `spec_decode_*` counters: `num_drafts`, `num_draft_tokens`,
-    `num_accepted_tokens`, `num_accepted_tokens_per_pos`), `pass_seconds` (one per pass), `startup_seconds`, `vllm_version`.
+    `num_accepted_tokens`, `num_accepted_tokens_per_pos`), `pass_seconds` (one per pass), `startup_seconds`,
+    `vllm_version`.
 
     Raises:
         `FileNotFoundError`: no vLLM environment (see `require_vllm_python`).

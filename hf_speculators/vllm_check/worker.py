@@ -56,7 +56,8 @@ def main(request_path: str, result_path: str) -> None:
               kv_cache_memory_bytes=request.get("kv_cache_memory_bytes", 1 << 28), gpu_memory_utilization=0.05,
               disable_log_stats=False, seed=0, speculative_config=request.get("speculative_config"))
     startup = time.perf_counter() - started
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=request.get("ignore_eos", False))
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"],
+                            ignore_eos=request.get("ignore_eos", False))
     prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
     result = {"vllm_version": vllm.__version__, "startup_seconds": startup, "pass_seconds": []}
     for i, mode in enumerate(request.get("passes", ["batch"])):
