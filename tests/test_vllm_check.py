@@ -41,6 +41,11 @@ def test_export_check_with_a_missing_vllm_python_names_it(no_vllm, tmp_path, cap
     assert f"--vllm-python {missing}: no such file" in capsys.readouterr().err
 
 
+def test_vllm_python_without_check_is_refused(capsys):
+    assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--vllm-python", "python"]) == 2
+    assert "--vllm-python names the Python that --check runs vLLM in" in capsys.readouterr().err
+
+
 def test_the_environment_variable_and_the_default_folder_are_found(no_vllm, monkeypatch, tmp_path):
     assert client.find_vllm_python() is None
     python = tmp_path / "venv" / "bin" / "python"

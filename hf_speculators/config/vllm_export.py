@@ -209,7 +209,11 @@ def vllm_commands(config, out: str | Path | None = None) -> str:
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    exported, notes = export(config, out)
+    return commands_text(config, *export(config, out))
+
+
+def commands_text(config, exported: dict, notes: list[str]) -> str:
+    """`vllm_commands`' text for an export already made (`export(config, out)` gives `exported` and `notes`)."""
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
     return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,

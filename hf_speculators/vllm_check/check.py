@@ -123,19 +123,18 @@ def check(reference: Reference, config, speculative_config: dict) -> CheckResult
     )
 
 
-def check_export(config, out=None, vllm_python=None, num_prompts: int = 4, max_new_tokens: int = 32) -> CheckResult:
-    """`hf-speculators export NAME --to vllm --check`: exports `config` (Medusa heads into `out`, default a temporary
-    folder), serves it and the plain target in vLLM on the first `num_prompts` Spec-Bench prompts, and compares
-    with our run of the same config (two vLLM engine starts, about a minute each on a CPU).
+def check_export(config, exported: dict, vllm_python=None, num_prompts: int = 4,
+                 max_new_tokens: int = 32) -> CheckResult:
+    """`hf-speculators export NAME --to vllm --check`: serves `exported` (vLLM's `speculative_config` for `config`,
+    from `hf_speculators.config.vllm_export.export`) and the plain target in vLLM on the first `num_prompts`
+    Spec-Bench prompts, and compares with our run of the same config (two vLLM engine starts, about a minute each
+    on a CPU).
 
     Raises:
-        `ValueError`: a config without `target_model`, or one vLLM has no equivalent for.
+        `ValueError`: a config without `target_model`.
         `FileNotFoundError`: no vLLM environment. `RuntimeError`: vLLM failed.
     """
-    from ..config.vllm_export import export
-
     if config.target_model is None:
         raise ValueError("--check serves the export on its target: the preset sets no target_model.")
-    exported, _ = export(config, out)
     reference = Reference.build(config.target_model, num_prompts, max_new_tokens, vllm_python)
     return check(reference, config, exported)
