@@ -114,6 +114,25 @@ class SpeculativeStats:
         """Entry i: how often the draft token at position i was accepted when one was proposed there."""
         return [a / d for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
+    def vllm_metrics(self) -> dict:
+        """These figures under vLLM's names and conventions (its `vllm:spec_decode_*` counters, the
+        `llm.get_metrics()` prefix left out), for comparing a run here with one in vLLM: `num_drafts`,
+        `num_draft_tokens`, `num_accepted_tokens`, `num_accepted_tokens_per_pos` (entry i: drafts whose token at
+        position i was accepted), and the figures vLLM derives from them: `mean_acceptance_length`
+        (`1 + num_accepted_tokens / num_drafts`) and `acceptance_rate_per_position` (`num_accepted_tokens_per_pos[i] /
+        num_drafts`: over every draft, where `acceptance_rate_per_position` here divides by the drafts that reached
+        position i; the two agree when every draft has the same length).
+        """
+        drafts = self.num_drafts
+        return {
+            "num_drafts": drafts,
+            "num_draft_tokens": self.num_drafted_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.accepted_per_position),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate_per_position": [a / drafts if drafts else 0.0 for a in self.accepted_per_position],
+        }
+
     def to_dict(self) -> dict:
         """All fields and derived figures, JSON-serialisable."""
         return {

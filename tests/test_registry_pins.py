@@ -23,7 +23,8 @@ NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile"},
              "sweep": {"--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
                        "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
                        "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",
-                       "--min-ngram-size"}}
+                       "--min-ngram-size"},
+             "export": {"--check", "--vllm-python"}}
 # flags whose help lists the named methods: the list is compared as a set (the registry orders variants by method)
 METHOD_LISTS = re.compile(r"[\w.-]+(?:, ?[\w.-]+){5,}")
 

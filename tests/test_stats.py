@@ -39,6 +39,16 @@ def test_acceptance_rate_and_mean_acceptance_length():
     assert stats.mean_acceptance_length == pytest.approx(1 + 8 / 4)  # bonus included, per non-empty draft
 
 
+def test_vllm_metrics_use_vllms_names_and_divide_by_every_draft():
+    """vLLM's per-position rate is accepted at i over all drafts (4 here), ours over the drafts reaching i."""
+    metrics = recorded().vllm_metrics()
+    assert metrics["num_drafts"] == 4 and metrics["num_draft_tokens"] == 15 and metrics["num_accepted_tokens"] == 8
+    assert metrics["num_accepted_tokens_per_pos"] == [3, 2, 2, 1, 0]
+    assert metrics["acceptance_rate_per_position"] == [3 / 4, 2 / 4, 2 / 4, 1 / 4, 0.0]
+    assert metrics["mean_acceptance_length"] == pytest.approx(3.0)
+    assert SpeculativeStats().vllm_metrics()["acceptance_rate_per_position"] == []
+
+
 def test_nothing_drafted():
     stats = recorded([(0, 0, 1), (0, 0, 1)])
     assert stats.acceptance_rate == 0.0

@@ -2,12 +2,14 @@
 
 import json
 import shlex
+import tempfile
 import warnings
 from pathlib import Path
 
 from ..heads.files import head_folder
 from ..heads.medusa_formats import read_medusa_heads, save_vllm_medusa
-from ..loading import load_model, resolve_model_id
+from ..loading import load_model, load_tokenizer, resolve_model_id
+from ..translation import same_vocabulary
 from ..verifiers import VERIFIERS
 from .registry import METHOD_SPECS
 
@@ -53,6 +55,17 @@ def _check_trees(config) -> None:
                          "drafts max_spec_factor tokens per matched token. Remove max_spec_offset to export.")
 
 
+def _other_vocabulary(config) -> bool:
+    """Whether a draft model (method draft-model) has another tokenizer than the target's, judged where both are
+    local folders (demo ids included): a pair of Hub ids is not downloaded for this and counts as one vocabulary."""
+    if config.target_model is None or METHOD_SPECS[config.method].loads != "draft-model":
+        return False
+    target, draft = resolve_model_id(config.target_model), resolve_model_id(config.draft_model)
+    if not (Path(target).is_dir() and Path(draft).is_dir()):
+        return False
+    return not same_vocabulary(load_tokenizer(target), load_tokenizer(draft))
+
+
 def _draft_settings(config, resolve_ids: bool) -> dict:
     if config.is_self_draft:
         raise ValueError(
@@ -62,6 +75,8 @@ def _draft_settings(config, resolve_ids: bool) -> dict:
     settings = {"model": resolve_model_id(config.draft_model) if resolve_ids else config.draft_model}
     if config.draft_revision is not None:
         settings["revision"] = config.draft_revision
+    if _other_vocabulary(config):  # vLLM's token-level intersection of the two vocabularies (greedy drafts only)
+        settings["use_heterogeneous_vocab"] = True
     quantization = config.draft_quantization
     if quantization is not None:
         if quantization not in VLLM_QUANTIZATIONS:
@@ -80,8 +95,9 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `max_ngram_size` / `min_ngram_size` -> `prompt_lookup_max` / `prompt_lookup_min`, suffix decoding's settings ->
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
-    `quantization="fp8"`. Unset fields are filled with this library's drafter defaults, so vLLM runs what
-    `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
+    `quantization="fp8"`; a draft model of another tokenizer (both local folders) -> `use_heterogeneous_vocab=True`
+    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are
+    filled with this library's drafter defaults, so vLLM runs what `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
     schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
     drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
 
@@ -122,11 +138,13 @@ def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
 
 
 def to_vllm_with_notes(config, resolve_ids: bool = True) -> tuple[dict, list[str]]:
-    """`to_vllm(config, resolve_ids)` and the messages of the warnings it gave (what was left out), for printing."""
+    """`to_vllm(config, resolve_ids)` and notes for printing: what vLLM needs to run the method (`VllmMapping.needs`)
+    and the messages of the warnings it gave (what was left out)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exported = to_vllm(config, resolve_ids)
-    return exported, [str(warning.message) for warning in caught]
+    needs = METHOD_SPECS[config.method].vllm.needs
+    return exported, [*([needs] if needs else []), *(str(warning.message) for warning in caught)]
 
 
 def llm_call(target: str | None, speculative_config: dict) -> str:
@@ -164,19 +182,38 @@ def convert_medusa_heads(config, out: str | Path) -> tuple[dict, list[str]]:
             "num_speculative_tokens": config.num_draft_tokens or heads.num_heads}, notes
 
 
-def vllm_commands(config, out: str | Path | None = None) -> str:
-    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
-    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
-    unset). Medusa heads are first converted to vLLM's layout in `out` (`convert_medusa_heads`; default
-    `medusa-vllm` in the working directory).
+def export(config, out: str | Path | None = None) -> tuple[dict, list[str]]:
+    """vLLM's `speculative_config` for `config` and notes on what was left out: `to_vllm_with_notes`, or for Medusa
+    heads `convert_medusa_heads` into `out` (default: a new temporary folder, named in a note, that stays after
+    the call: the exported config points at it).
 
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    if config.method == "medusa":
-        exported, notes = convert_medusa_heads(config, out or "medusa-vllm")
-    else:
-        exported, notes = to_vllm_with_notes(config)
+    if config.method != "medusa":
+        return to_vllm_with_notes(config)
+    folder = out or tempfile.mkdtemp(prefix="hf-speculators-medusa-vllm-")
+    exported, notes = convert_medusa_heads(config, folder)
+    if out is None:
+        notes.append(f"the Medusa heads in vLLM's layout are in the temporary folder {folder}; --out DIR writes "
+                     "them where you want to keep them")
+    return exported, notes
+
+
+def vllm_commands(config, out: str | Path | None = None) -> str:
+    """The `vllm serve TARGET --speculative-config '<json>'` command line and the Python `LLM(...)` call that run the
+    same method as `config` in vLLM (demo ids resolved to their folders; `TARGET_MODEL` where `target_model` is
+    unset), after notes on what was left out. Medusa heads are first converted to vLLM's layout in `out` (default:
+    a temporary folder; see `export`).
+
+    Raises:
+        `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
+    """
+    return commands_text(config, *export(config, out))
+
+
+def commands_text(config, exported: dict, notes: list[str]) -> str:
+    """`vllm_commands`' text for an export already made (`export(config, out)` gives `exported` and `notes`)."""
     target = resolve_model_id(config.target_model) if config.target_model else None
     serve = f"vllm serve {shlex.quote(target or 'TARGET_MODEL')} --speculative-config {shlex.quote(json.dumps(exported))}"
     return "\n".join([*(f"# note: {note}" for note in notes), "# command line (an OpenAI-compatible server)", serve,

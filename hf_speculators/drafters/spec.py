@@ -89,12 +89,14 @@ class Variant:
 @dataclass(frozen=True)
 class VllmMapping:
     """How a method runs in vLLM: its `method` there, fixed keys, and our fields -> vLLM's keys (filled with our
-    drafter's defaults when unset); `draft`: the draft model's `model`, `revision` and `quantization` as well."""
+    drafter's defaults when unset); `draft`: the draft model's `model`, `revision` and `quantization` as well;
+    `needs`: what vLLM needs besides itself to run the method (a package), printed with the export."""
 
     method: str
     fixed: Mapping = field(default_factory=dict)
     fields: Mapping[str, str] = field(default_factory=dict)
     draft: bool = True
+    needs: str | None = None
 
 
 @dataclass(frozen=True)

@@ -351,5 +351,8 @@ SUFFIX_SETTINGS = (
 SUFFIX_SPEC = MethodSpec(
     "suffix", SuffixDrafter, settings=SUFFIX_SETTINGS, variants={"suffix": Variant()},
     vllm=VllmMapping("suffix", fields={name: f"suffix_decoding_{name}" for name in (
-        "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob")}, draft=False),
+        "max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob")}, draft=False,
+        needs="vLLM's suffix method needs the arctic-inference package beside vLLM (`pip install "
+              "arctic-inference==0.1.1`, the version vLLM 0.32 asks for; it builds from source where it has no "
+              "wheel): without it vLLM refuses to start"),
 )

@@ -17,11 +17,13 @@ from ..config.build import build_drafter
 from ..config.methods import LOADED_DRAFT, method_config
 from ..config.registry import checkpoint_methods, method_options
 from ..config.presets import bundled_card, bundled_presets, card_results
-from ..config.vllm_export import vllm_commands
+from ..config.vllm_export import commands_text, export
 from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
+from ..vllm_check.check import check_export
+from ..vllm_check.client import require_vllm_python
 from .bench import BenchSettings, draft_model_methods, named_methods, read_records, run_benchmark
 from .bench.engines import compiled_kwargs
 from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
@@ -254,8 +256,18 @@ def run_presets_show(args) -> int:
 
 
 def run_export(args) -> int:
-    print(vllm_commands(SpeculativeConfig.from_pretrained(args.name), args.out))
-    return 0
+    if args.vllm_python is not None and not args.check:
+        raise ValueError("--vllm-python names the Python that --check runs vLLM in: add --check, or drop it.")
+    config = SpeculativeConfig.from_pretrained(args.name)
+    if args.check:
+        require_vllm_python(args.vllm_python)  # before exporting: a missing environment is bad input
+    exported, notes = export(config, args.out)
+    print(commands_text(config, exported, notes))
+    if not args.check:
+        return 0
+    result = check_export(config, exported, args.vllm_python)
+    print(f"\n--- vLLM check (greedy, fp32, {result.num_prompts} Spec-Bench prompts)\n{result.report()}")
+    return 0 if result.identical else 1
 
 
 def run_plot(args) -> int:

@@ -279,5 +279,12 @@ def _add_export(commands, run) -> None:
     export.add_argument("name", help="bundled preset name, model card, folder or Hub id")
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
     _add_verbose_option(export)
-    export.add_argument("--out", default=None, help="Medusa heads: where to write them in vLLM's layout")
+    export.add_argument("--out", default=None,
+                        help="Medusa heads: where to write them in vLLM's layout (default: a temporary folder)")
+    export.add_argument("--check", action="store_true",
+                        help="serve the export in vLLM on a few Spec-Bench prompts and print vLLM's and our "
+                             "acceptance per position side by side and whether the greedy outputs agree")
+    export.add_argument("--vllm-python", default=None, metavar="PATH",
+                        help="--check: the Python of the environment holding vLLM (default: "
+                             "$HF_SPECULATORS_VLLM_PYTHON, else .vllm-env made by tests/make_vllm_env.sh)")
     export.set_defaults(run=run)

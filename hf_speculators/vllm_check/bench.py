@@ -1,0 +1,107 @@
+"""The same preset in our `generate()` and in vLLM's CPU build: batch-1 latency and batch-8 throughput of every
+exportable demo preset and of plain decoding, on the same token-id prompts, one thread each. Run it as
+`python -m hf_speculators.vllm_check.bench --out records.jsonl` (vLLM's environment: `tests/make_vllm_env.sh`);
+docs/benchmarks/vllm.md holds its figures."""
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from ..config import SpeculativeConfig
+from ..config.vllm_export import export
+from ..decoding import generate
+from ..loading import load_model, load_tokenizer, resolve_model_id
+from .check import comparable, request
+from .client import run_vllm
+from .compare import encode_prompts, vllm_acceptance
+
+TARGET = "hf_speculators/demo-target"
+# the exportable demo presets and the draft length each is served with (demo-draft-model's card says 6 with a
+# goodput schedule; vLLM has no schedule, and a fixed 3 is what its measurements favoured)
+DEMO_PRESETS = {"demo-eagle3": 3, "demo-draft-model": 3, "demo-medusa": 3, "demo-prompt-lookup": 8}
+
+
+def _new_tokens(row: list[int], eos_id: int) -> int:
+    """New tokens of one generated row, its end-of-sequence token included (as vLLM counts them), padding not."""
+    return row.index(eos_id) + 1 if eos_id in row else len(row)
+
+
+def _ours(model, prompts, max_new_tokens: int, config, pad_id: int, batch: bool):
+    """Seconds and new tokens of our greedy `generate()` on `prompts`: one call per prompt, or one left-padded
+    batch."""
+    eos_id = model.generation_config.eos_token_id
+    eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
+    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, "pad_token_id": pad_id}
+    if config is not None:
+        kwargs.update(custom_generate=generate, speculative_config=config)
+    groups = [prompts] if batch else [[ids] for ids in prompts]
+    seconds = tokens = 0
+    for group in groups:
+        width = max(map(len, group))
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in group])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in group])
+        start = time.perf_counter()
+        out = model.generate(input_ids, attention_mask=mask, **kwargs)
+        seconds += time.perf_counter() - start
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        tokens += sum(_new_tokens(row, eos_id) for row in sequences[:, width:].tolist())
+    return seconds, tokens
+
+
+def measure(name: str | None, model, prompts, max_new_tokens: int, pad_id: int, target: str, vllm_python=None) -> dict:
+    """One record: `name` (a preset, `None`: plain decoding) in both engines, batch 1 (one prompt at a time:
+    seconds per prompt) and batch 8 (all prompts at once: new tokens per second), after a warm-up pass each."""
+    with tempfile.TemporaryDirectory(prefix="hf-speculators-vllm-bench-") as folder:  # Medusa heads in vLLM's layout
+        return _measure(name, model, prompts, max_new_tokens, pad_id, target, vllm_python, folder)
+
+
+def _measure(name, model, prompts, max_new_tokens, pad_id, target, vllm_python, folder) -> dict:
+    config = exported = None
+    if name is not None:
+        config = SpeculativeConfig.from_pretrained(name).override(num_draft_tokens=DEMO_PRESETS[name])
+        exported, _ = export(config, folder)
+        config = comparable(config)
+    _ours(model, prompts[:1], 8, config, pad_id, batch=False)  # warm-up
+    latency = _ours(model, prompts, max_new_tokens, config, pad_id, batch=False)
+    throughput = _ours(model, prompts, max_new_tokens, config, pad_id, batch=True)
+    passes = ("batch", "each", "batch")  # a warm-up, batch 1, batch 8
+    served = run_vllm(request(target, prompts, max_new_tokens, exported, passes), vllm_python)
+    vllm_tokens = sum(map(len, served["outputs"]))
+    per_position, length = vllm_acceptance(served["counters"])
+    return {
+        "preset": name or "plain", "speculative_config": exported, "num_prompts": len(prompts),
+        "max_new_tokens": max_new_tokens, "vllm_version": served["vllm_version"],
+        "ours": {"batch1_seconds_per_prompt": latency[0] / len(prompts), "batch1_tokens": latency[1],
+                 "batch8_tokens_per_second": throughput[1] / throughput[0]},
+        "vllm": {"batch1_seconds_per_prompt": served["pass_seconds"][1] / len(prompts), "batch1_tokens": vllm_tokens,
+                 "batch8_tokens_per_second": vllm_tokens / served["pass_seconds"][2],
+                 "startup_seconds": served["startup_seconds"], "mean_acceptance_length": length,
+                 "acceptance_rate_per_position": per_position},
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8, help="Spec-Bench prompts (the batch size of batch 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--presets", default=",".join(["plain", *DEMO_PRESETS]))
+    parser.add_argument("--vllm-python", default=None)
+    parser.add_argument("--out", required=True, help="JSON-lines records, appended")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    folder = resolve_model_id(TARGET)
+    model, tokenizer = load_model(folder), load_tokenizer(folder)
+    prompts = encode_prompts(tokenizer, args.prompts)
+    for name in args.presets.split(","):
+        record = measure(None if name == "plain" else name, model, prompts, args.max_new_tokens,
+                         tokenizer.pad_token_id, folder, args.vllm_python)
+        print(json.dumps(record), flush=True)
+        with open(args.out, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
