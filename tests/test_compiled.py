@@ -49,6 +49,7 @@ def test_no_recompilation_after_warm_up():
     """Calls with new prompt lengths, draft lengths that change every step (the goodput schedule, budgets cut by
     max_length) and rejections: the first call compiles one graph for its steps, later calls compile nothing."""
     torch._dynamo.reset()
+    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
     model = hs.enable(build_target("llama"))
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=4)
     settings = dict(do_sample=False, cache_implementation="static", compile_config=compile_config("eager"))
@@ -69,6 +70,7 @@ def test_no_recompilation_after_warm_up():
 def test_exact_under_inductor():
     """One row and a ragged batch, with rejections, compiled by inductor: token for token plain greedy output."""
     torch._dynamo.reset()
+    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
     model = build_target("llama")
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
     settings = dict(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, cache_implementation="static",
