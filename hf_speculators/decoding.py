@@ -12,6 +12,7 @@ from .checks import check_attention, check_batch, check_input_ids, check_inputs,
 from .config import SpeculativeConfig
 from .drafters import Drafter
 from .entry import ENABLED_ATTRIBUTE, is_enabled
+from .floor import PlainFloor
 from .loop import SpeculativeLoop
 from .outputs import SpeculativeGenerateOutput
 from .schedules import check_schedule, make_schedule
@@ -89,6 +90,7 @@ def generate(
     target_tokenizer=None,
     speculative_config: SpeculativeConfig | None = None,
     num_draft_tokens_schedule: str | None = None,
+    plain_floor: bool = True,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """Speculative decoding with the `custom_generate` signature of transformers' `generate`.
@@ -132,6 +134,10 @@ def generate(
             rule (+2 after a fully accepted draft, -1 otherwise, from `num_draft_tokens`); `"goodput"`: the length
             in `0..num_draft_tokens` of the highest expected tokens per second, from the acceptance and costs
             measured during the call (0: a plain one-token step). For a tree it is the depth.
+        plain_floor (`bool`, defaults to `True`): beneath the schedule, each row runs plain one-token steps while
+            its drafts, as measured in this call, bring fewer tokens per second than plain steps would, and drafts
+            again now and then to check (`hf_speculators.floor`; `speculative_stats.num_floor_steps` counts the
+            plain steps). `False`: every step drafts what the schedule asks.
 
     Returns:
         `torch.LongTensor` of shape `(batch_size, sequence_length + new_tokens)` (rows that stopped early padded
@@ -173,7 +179,8 @@ def generate(
     generator = generator if generator is not None else _default_generator(_logits_device(model, input_ids))
     schedule = make_schedule(schedule, candidate_generator.num_draft_tokens)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
-                           stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id)
+                           stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id,
+                           floor=PlainFloor() if plain_floor else None)
     loop.prefill(input_ids, num_pads, cache)
     while not loop.step():
         pass
