@@ -16,7 +16,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   modules run on their own by layer skip (hooks; CPU-exact)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_drafted_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
-    drafter, verifier, draft_lengths, num_steps_without_draft
+    drafter, verifier, draft_lengths, num_steps_without_draft, num_floor_steps
                                                   `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
     divergence                                    for an exact method whose output differs from plain greedy
@@ -66,7 +66,7 @@ from .timing import TimedRun
 STATS_FIELDS = (
     "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_drafted_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
-    "drafter", "verifier", "draft_lengths", "num_steps_without_draft",
+    "drafter", "verifier", "draft_lengths", "num_steps_without_draft", "num_floor_steps",
 )
 
 

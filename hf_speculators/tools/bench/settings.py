@@ -169,6 +169,7 @@ def named_methods(
     names: Sequence[str],
     *,
     variants: Sequence[tuple[int, str]] | None = None,
+    baseline_ks: Sequence[int] | None = None,
     num_draft_tokens: int = 5,
     max_ngram_size: int = 2,
     verification: str | None = None,
@@ -184,6 +185,8 @@ def named_methods(
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
             then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
             once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
+        baseline_ks (`Sequence[int]`, *optional*): transformers' baselines run once per k given here instead
+            (`hf-prompt-lookup[k=8]`), whatever `variants` says; the summaries add each one's best k.
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
         verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
@@ -218,7 +221,8 @@ def named_methods(
     chosen = {}
     for method in (m for m in known if m in names and m != "plain"):
         if method in transformers_methods():
-            for label, k in _baseline_variants(method, num_draft_tokens, variants):
+            baseline_variants = [(k, "constant") for k in baseline_ks] if baseline_ks else variants
+            for label, k in _baseline_variants(method, num_draft_tokens, baseline_variants):
                 config = _transformers_config(method, k, max_ngram_size, draft_model, options)
                 chosen[label] = BenchMethod(config, engine="transformers", universal=method == "hf-universal-assisted")
             continue
