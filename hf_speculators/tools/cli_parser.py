@@ -209,6 +209,8 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     bench.add_argument("--baseline-k", type=_int_list, default=None, metavar="K,...",
                        help="run transformers' methods once per K (e.g. 3,5,8,10), whatever --variants says; the "
                             "tables add each one's best K per category")
+    bench.add_argument("--compare-floor", action="store_true",
+                       help="also run each of our methods without the plain-speed floor (labelled [no floor])")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")

@@ -43,6 +43,7 @@ DRAFT_MODEL_METHODS = (*(m for m in transformers_methods() if _spec_of(m)[0].loa
 TRANSFORMERS_METHODS = transformers_methods()
 TRANSFORMERS_KEYWORDS = tuple(TRANSFORMERS_METHODS.values())  # config methods transformers can run
 ENGINES = ("hf_speculators", "transformers")
+NO_FLOOR = "[no floor]"  # the label suffix of a method run without the plain-speed floor (`compare_floor`)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class BenchMethod:
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
             passed; string-level exact matching when greedy, token-level intersection when sampling).
+        plain_floor (`bool`, defaults to `True`): with `engine="hf_speculators"`, `generate(plain_floor=...)`: whether
+            the plain-speed floor holds rows plain while their drafts lose (`hf_speculators.floor`).
 
     Raises:
         `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
@@ -72,6 +75,7 @@ class BenchMethod:
     config: SpeculativeConfig
     engine: str = "hf_speculators"
     universal: bool = False
+    plain_floor: bool = True
 
     def __post_init__(self):
         if not isinstance(self.config, SpeculativeConfig):
@@ -170,6 +174,7 @@ def named_methods(
     *,
     variants: Sequence[tuple[int, str]] | None = None,
     baseline_ks: Sequence[int] | None = None,
+    compare_floor: bool = False,
     num_draft_tokens: int = 5,
     max_ngram_size: int = 2,
     verification: str | None = None,
@@ -187,6 +192,8 @@ def named_methods(
             once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
         baseline_ks (`Sequence[int]`, *optional*): transformers' baselines run once per k given here instead
             (`hf-prompt-lookup[k=8]`), whatever `variants` says; the summaries add each one's best k.
+        compare_floor (`bool`, defaults to `False`): each of our methods also runs without the plain-speed floor,
+            labelled `<label>[no floor]`.
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
         verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
@@ -231,6 +238,8 @@ def named_methods(
                                                        max_ngram_size=max_ngram_size, **options)
             extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
             chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
+            if compare_floor:
+                chosen[label + NO_FLOOR] = BenchMethod(chosen[label].config, plain_floor=False)
     return chosen
 
 
