@@ -15,14 +15,18 @@ the next token (`tokens == 1`) never drafts past its first `min_drafted_steps` d
 a plain step was measured, `P` is taken as a drafted step's verification seconds (which scored more tokens, so
 too much) and a row needs `calibration_margin` times the break-even to keep drafting.
 
-Probing: a plain row drafts again once it has run `wait` plain steps; the probe's tokens count with weight
-`probe_weight` in its average. A probe that does not win the row back doubles its next `wait` (up to
-`max_wait`), one that does resets it to `min_wait`. A probe costs at most one drafted step's `extra` seconds
-plus, for a drafter with its own cache (a draft model, a head), one forward over the tokens committed in the
-plain steps before it (at most `max_wait` + 1 tokens); so over a long plain stretch probing costs at most
-`extra / (max_wait * P)` of the plain steps' time, and at most `extra / (min_wait * P)` right after a loss.
+Probing: a plain row drafts again once it has run `wait` plain steps, counted so that a probe's `extra` seconds
+are at most a share `budget` of the plain steps' seconds before it: `wait = ceil(extra / (budget * P))` (at least
+1, at most `max_wait`). So a free drafter (prompt lookup, suffix decoding) probes every step or two and a draft
+model waits longer, as in the goodput schedule. The budget starts at `probe_overhead`; a probe that does not win
+the row back halves it, down to `min_probe_overhead`; one that does restores it. The probe's tokens count with
+weight `probe_weight` in the row's average. A drafter with its own cache (a draft model, a head) also catches up
+on the tokens committed in the plain steps, in one draft forward of at most `max_wait` + 1 tokens, which the
+probe's measured seconds include. So probing costs at most `probe_overhead` of the plain steps' time right after
+the floor engages, and at most `min_probe_overhead` (or `extra / (max_wait * P)`) over a long plain stretch.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,14 +41,15 @@ class RowFloor:
         tokens (`float`): the moving average of tokens committed per drafted step (`None` before one).
         num_drafted (`int`): drafted steps observed.
         plain (`bool`): whether the floor holds the row plain.
-        wait (`int`): plain steps between probes; `left`: plain steps before the next probe.
+        budget (`float`): the share of the plain steps' seconds a probe may cost; `left`: plain steps before the
+            next probe.
         num_plain_steps (`int`): steps the floor held the row plain.
     """
 
     tokens: float | None = None
     num_drafted: int = 0
     plain: bool = False
-    wait: int = 0
+    budget: float = 0.0
     left: int = 0
     num_plain_steps: int = 0
 
@@ -55,18 +60,21 @@ class PlainFloor:
     Args:
         memory (`float`, defaults to 0.8): the decay of a row's tokens per drafted step (about 5 steps count).
         min_drafted_steps (`int`, defaults to 3): drafted steps a row runs before the floor may hold it plain.
-        min_wait (`int`, defaults to 4), max_wait (`int`, defaults to 64): plain steps before a probe, first and
-            at most.
+        probe_overhead (`float`, defaults to 0.25), min_probe_overhead (`float`, defaults to 1/64): the most a probe
+            may cost as a share of the plain steps' seconds before it, at first and after losing probes.
+        max_wait (`int`, defaults to 64): the most plain steps between probes.
         probe_weight (`float`, defaults to 0.5): a probe's weight in the row's average.
         calibration_margin (`float`, defaults to 1.25): how far above break-even a row must be to keep drafting
             before a plain step's cost was measured.
         cost_memory (`float`, defaults to 0.9): the decay of the step costs' moving averages.
     """
 
-    def __init__(self, memory: float = 0.8, min_drafted_steps: int = 3, min_wait: int = 4, max_wait: int = 64,
-                 probe_weight: float = 0.5, calibration_margin: float = 1.25, cost_memory: float = 0.9):
+    def __init__(self, memory: float = 0.8, min_drafted_steps: int = 3, probe_overhead: float = 0.25,
+                 min_probe_overhead: float = 1 / 64, max_wait: int = 64, probe_weight: float = 0.5,
+                 calibration_margin: float = 1.25, cost_memory: float = 0.9):
         self.memory, self.min_drafted_steps, self.probe_weight = memory, min_drafted_steps, probe_weight
-        self.min_wait, self.max_wait, self.calibration_margin = min_wait, max_wait, calibration_margin
+        self.probe_overhead, self.min_probe_overhead = probe_overhead, min_probe_overhead
+        self.max_wait, self.calibration_margin = max_wait, calibration_margin
         self.cost_memory = cost_memory
         self.rows: dict[int, RowFloor] = {}
         self.plain_seconds = self.extra_seconds = self.verify_seconds = None  # moving averages
@@ -77,7 +85,7 @@ class PlainFloor:
         self.probing = set()
         chosen = []
         for row, budget in zip(rows, budgets):
-            state = self.rows.setdefault(row, RowFloor(wait=self.min_wait))
+            state = self.rows.setdefault(row, RowFloor(budget=self.probe_overhead))
             if budget and state.plain:
                 if state.left > 0:
                     state.left -= 1
@@ -135,12 +143,17 @@ class PlainFloor:
         state = self.rows[row]
         if drafts:
             if state.plain:  # a probe won the row back
-                state.wait = self.min_wait
+                state.budget = self.probe_overhead
             state.plain = False
         elif state.num_drafted >= self.min_drafted_steps:
             if state.plain and row in self.probing:  # a probe that lost
-                state.wait = min(2 * state.wait, self.max_wait)
-            state.plain, state.left = True, state.wait
+                state.budget = max(state.budget / 2, self.min_probe_overhead)
+            state.plain, state.left = True, self._wait(state.budget)
+
+    def _wait(self, budget: float) -> int:
+        """Plain steps before a probe whose `extra` seconds are at most `budget` of theirs."""
+        plain = self.plain_seconds if self.plain_seconds is not None else self.verify_seconds
+        return min(self.max_wait, max(1, math.ceil(self.extra_seconds / (budget * max(plain, 1e-9)))))
 
     def num_plain_steps(self, row: int) -> int:
         """The steps the floor held row `row` plain."""
