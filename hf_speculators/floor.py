@@ -6,7 +6,8 @@ floor holds plain runs a plain one-token step (draft length 0; with every row pl
 all). Only the steps before a decision count, so rejection sampling stays lossless and greedy output exact.
 
 The rule, from this call's own steps: a drafted step costs the plain step's seconds `P` plus `extra` seconds per
-drafting row (`extra` measured as the drafted steps' seconds over `P`, shared among their drafting rows), and
+drafting row (`extra` measured as the drafted steps' mean seconds over `P`, shared among their mean drafting rows; not counting
+the call's first drafted step, which also starts the drafter, and each at most twice the mean so far), and
 gives row r `tokens[r]` tokens (a moving average of what its drafted steps committed, the bonus or recovered
 token included) where a plain step gives 1. The rows draft whose drafting raises the batch's tokens per second:
 sorted by `tokens[r]`, each is added while `(tokens[r] - 1) / extra` beats the tokens per second of the rows
@@ -30,6 +31,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .schedules.goodput import MIN_OBSERVATIONS, capped
 from .step import RowOutcome
 
 
@@ -59,25 +61,27 @@ class PlainFloor:
 
     Args:
         memory (`float`, defaults to 0.8): the decay of a row's tokens per drafted step (about 5 steps count).
-        min_drafted_steps (`int`, defaults to 3): drafted steps a row runs before the floor may hold it plain.
-        probe_overhead (`float`, defaults to 0.25), min_probe_overhead (`float`, defaults to 1/64): the most a probe
+        min_drafted_steps (`int`, defaults to 4): drafted steps a row runs before the floor may hold it plain.
+        probe_overhead (`float`, defaults to 0.5), min_probe_overhead (`float`, defaults to 1/32): the most a probe
             may cost as a share of the plain steps' seconds before it, at first and after losing probes.
-        max_wait (`int`, defaults to 64): the most plain steps between probes.
+        max_wait (`int`, defaults to 32): the most plain steps between probes.
         probe_weight (`float`, defaults to 0.5): a probe's weight in the row's average.
         calibration_margin (`float`, defaults to 1.25): how far above break-even a row must be to keep drafting
             before a plain step's cost was measured.
         cost_memory (`float`, defaults to 0.9): the decay of the step costs' moving averages.
     """
 
-    def __init__(self, memory: float = 0.8, min_drafted_steps: int = 3, probe_overhead: float = 0.25,
-                 min_probe_overhead: float = 1 / 64, max_wait: int = 64, probe_weight: float = 0.5,
+    def __init__(self, memory: float = 0.8, min_drafted_steps: int = 4, probe_overhead: float = 0.5,
+                 min_probe_overhead: float = 1 / 32, max_wait: int = 32, probe_weight: float = 0.5,
                  calibration_margin: float = 1.25, cost_memory: float = 0.9):
         self.memory, self.min_drafted_steps, self.probe_weight = memory, min_drafted_steps, probe_weight
         self.probe_overhead, self.min_probe_overhead = probe_overhead, min_probe_overhead
         self.max_wait, self.calibration_margin = max_wait, calibration_margin
         self.cost_memory = cost_memory
         self.rows: dict[int, RowFloor] = {}
-        self.plain_seconds = self.extra_seconds = self.verify_seconds = None  # moving averages
+        # moving averages: a plain step's seconds; a drafted step's seconds, verification seconds and drafting rows
+        self.plain_seconds = self.drafted_seconds = self.verify_seconds = self.drafting_rows = None
+        self.num_drafted_steps = 0
         self.probing: set[int] = set()
 
     def budgets(self, rows: Sequence[int], budgets: Sequence[int]) -> list[int]:
@@ -103,10 +107,12 @@ class PlainFloor:
         if not drafted:
             if all(outcome.draft_length == 0 for outcome in outcomes):
                 self.plain_seconds = self._average(self.plain_seconds, seconds)
-        else:
+        elif self.num_drafted_steps > 0:  # the first drafted step also starts the drafter (a draft model's prefill)
+            expected = self.drafted_seconds if self.num_drafted_steps > MIN_OBSERVATIONS else None
+            self.drafted_seconds = self._average(self.drafted_seconds, capped(seconds, expected))
             self.verify_seconds = self._average(self.verify_seconds, verify_seconds)
-            plain = self.plain_seconds if self.plain_seconds is not None else verify_seconds
-            self.extra_seconds = self._average(self.extra_seconds, max(0.0, seconds - plain) / len(drafted))
+            self.drafting_rows = self._average(self.drafting_rows, float(len(drafted)))
+        self.num_drafted_steps += bool(drafted)
         for outcome in drafted:
             state = self.rows[outcome.row]
             weight = self.probe_weight if outcome.row in self.probing else 1.0 - self.memory
@@ -120,12 +126,12 @@ class PlainFloor:
 
     def _decide(self, rows: list[int]) -> None:
         """Chooses the rows that draft next step (those whose drafting raises the batch's tokens per second)."""
-        if self.extra_seconds is None:  # nothing drafted yet
+        if self.drafted_seconds is None:  # no drafted step measured yet
             return
         calibrated = self.plain_seconds is not None
-        plain = self.plain_seconds if calibrated else self.verify_seconds
+        plain = self._plain_seconds()
         margin = 1.0 if calibrated else self.calibration_margin
-        extra = max(self.extra_seconds, 1e-9)
+        extra = max(self._extra_seconds(), 1e-9)
         waiting = {row for row in rows if self.rows[row].plain and row not in self.probing}
         candidates = sorted((row for row in rows if self.rows[row].tokens is not None and row not in waiting),
                             key=lambda row: self.rows[row].tokens, reverse=True)
@@ -150,10 +156,18 @@ class PlainFloor:
                 state.budget = max(state.budget / 2, self.min_probe_overhead)
             state.plain, state.left = True, self._wait(state.budget)
 
+    def _plain_seconds(self) -> float:
+        """A plain step's seconds: measured, or until then a drafted step's verification seconds (too many)."""
+        return self.plain_seconds if self.plain_seconds is not None else self.verify_seconds
+
+    def _extra_seconds(self) -> float:
+        """What one drafting row adds to a step's seconds."""
+        return max(0.0, self.drafted_seconds - self._plain_seconds()) / self.drafting_rows
+
     def _wait(self, budget: float) -> int:
         """Plain steps before a probe whose `extra` seconds are at most `budget` of theirs."""
-        plain = self.plain_seconds if self.plain_seconds is not None else self.verify_seconds
-        return min(self.max_wait, max(1, math.ceil(self.extra_seconds / (budget * max(plain, 1e-9)))))
+        plain = max(self._plain_seconds(), 1e-9)
+        return min(self.max_wait, max(1, math.ceil(self._extra_seconds() / (budget * plain))))
 
     def num_plain_steps(self, row: int) -> int:
         """The steps the floor held row `row` plain."""

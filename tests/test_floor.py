@@ -36,7 +36,7 @@ def test_the_floor_holds_an_always_wrong_drafter_plain_and_probes(zoo, arch, mon
     assert stats.num_floor_steps >= stats.num_steps * 3 // 4
     # the constant schedule asks for K every step but where the length limit leaves less (the last step)
     assert stats.num_floor_steps <= stats.draft_lengths[0] <= stats.num_floor_steps + 1
-    assert 3 < stats.num_drafts == len(drafter.proposals) <= 3 + 6  # three drafted steps, then a few probes
+    assert 4 < stats.num_drafts == len(drafter.proposals) <= 4 + 8  # four drafted steps, then a few probes
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -102,24 +102,24 @@ def feed(floor: PlainFloor, num_steps: int, tokens_per_draft: int, plain=0.010, 
 
 
 def test_probe_waits_grow_with_the_probes_cost_and_a_winning_probe_resets_them():
-    """A probe costs 0.4 plain steps: it waits until that is at most 1/4, 1/8, ... 1/64 of the plain steps since
-    the last one (2, 4, 7, 13, 26 steps), with the first plain step measured after the row's third draft."""
+    """A probe costs 0.4 plain steps: it waits until that is at most 1/2, 1/4, ... 1/32 of the plain steps since
+    the last one (1, 2, 4, 7, 13 steps), with the first plain step measured after the row's fourth draft."""
     floor = PlainFloor()
     lengths = feed(floor, 120, tokens_per_draft=1)
     drafted = [i for i, k in enumerate(lengths) if k]
-    assert drafted[:3] == [0, 1, 2]
-    gaps = [b - a - 1 for a, b in zip(drafted[3:], drafted[4:])]  # plain steps between probes
-    assert gaps[:4] == [4, 7, 13, 26] and set(gaps[4:]) == {26}
+    assert drafted[:4] == [0, 1, 2, 3]
+    gaps = [b - a - 1 for a, b in zip(drafted[4:], drafted[5:])]  # plain steps between probes
+    assert gaps[:4] == [2, 4, 7, 13] and set(gaps[4:]) == {13}
     assert floor.num_plain_steps(0) == lengths.count(0)
     lengths = feed(floor, 40, tokens_per_draft=K + 1)  # the text became easy: the next probe wins the row back
-    assert lengths[-10:] == [K] * 10 and floor.rows[0].budget == 0.25
+    assert lengths[-10:] == [K] * 10 and floor.rows[0].budget == 0.5
 
 
 def test_a_free_drafter_probes_every_step_or_two():
     floor = PlainFloor()
     lengths = feed(floor, 40, tokens_per_draft=1, extra=0.0005)  # a probe costs 1/20 of a plain step
     runs = "".join("p" if k == 0 else "d" for k in lengths[3:]).split("d")  # the stretches of plain steps
-    assert lengths[3:].count(0) > 0 and max(map(len, runs)) <= 4  # at most ceil(64 / 20) plain steps per probe
+    assert lengths[3:].count(0) > 0 and max(map(len, runs)) <= 2  # at most ceil(32 / 20) plain steps per probe
 
 
 def test_a_row_at_break_even_costs_keeps_drafting_only_when_its_tokens_pay():
