@@ -358,7 +358,8 @@ def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target
                    variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])
     names = ["plain", "hf-prompt-lookup[k=1]", "hf-prompt-lookup[k=3]", "draft-model[k=1]", "draft-model[k=3]",
              "draft-model[goodput,k<=3]", "draft-model[heuristic,k=2]"]
-    assert list(result.summary["all"]) == names  # transformers' method: once per constant variant
+    # transformers' method: once per constant variant; each method run at several constant k: its best k too
+    assert list(result.summary["all"]) == names + ["hf-prompt-lookup[best k]", "draft-model[best k]"]
     assert result.ok and len(result.records) == len(names) * len(PROMPTS)
     by_name = {r["method"]: r for r in result.records if r["prompt_index"] == 0}
     assert len(by_name["draft-model[k=1]"]["draft_lengths"]) == 2  # asked for 0 or 1 tokens
