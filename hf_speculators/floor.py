@@ -5,17 +5,16 @@ then the floor for which rows draft at all (`PlainFloor.budgets`), and tells bot
 floor holds plain runs a plain one-token step (draft length 0; with every row plain the drafter is not called at
 all). Only the steps before a decision count, so rejection sampling stays lossless and greedy output exact.
 
-The rule, from this call's own steps: a drafted step costs `D` seconds (a moving average; not counting the call's
-first drafted step, which also starts the drafter, say a draft model's prefill; each step at most twice the mean so
-far) and a plain step `P`; row r's drafted steps commit `tokens[r]` tokens (a moving average, the bonus or
-recovered token included) where a plain step commits 1. A row with `tokens[r] <= 1` gains nothing and runs plain.
-The others draft together while `(B + sum of their tokens[r] - 1) / D > B / P` for the B running rows, else every
-row runs plain: a batched step's query is as wide as its deepest draft, so its seconds are the batch's, not a sum
-over rows (batch size 1: the row drafts while `tokens > D / P`). A row drafts `min_drafted_steps` steps before the
-floor may hold it plain. Until a plain step of every row has been measured, `P` is read as a drafted step's
-verification seconds (too many: it scored more tokens) with a margin of `calibration_margin`, and where drafting
-then looks less than `CALIBRATE_BELOW` times as fast as plain steps, one plain step of every row measures `P`
-(once a row has drafted `min_drafted_steps` steps).
+The rule, from this call's own steps: a drafted step costs the plain step's seconds `P` plus `extra` seconds per
+drafting row (`extra` measured as the drafted steps' mean seconds over `P`, shared among their mean drafting rows; not counting
+the call's first drafted step, which also starts the drafter, and each at most twice the mean so far), and
+gives row r `tokens[r]` tokens (a moving average of what its drafted steps committed, the bonus or recovered
+token included) where a plain step gives 1. The rows draft whose drafting raises the batch's tokens per second:
+sorted by `tokens[r]`, each is added while `(tokens[r] - 1) / extra` beats the tokens per second of the rows
+already chosen (batch size 1: the row drafts while `tokens > 1 + extra / P`). A row that commits nothing beyond
+the next token (`tokens == 1`) never drafts past its first `min_drafted_steps` drafted steps and probes. Until
+a plain step was measured, `P` is taken as a drafted step's verification seconds (which scored more tokens, so
+too much) and a row needs `calibration_margin` times the break-even to keep drafting.
 
 Probing: a plain row drafts again once it has run `wait` plain steps, counted so that a probe's `extra` seconds
 are at most a share `budget` of the plain steps' seconds before it: `wait = ceil(extra / (budget * P))` (at least
@@ -35,8 +34,6 @@ from dataclasses import dataclass
 from .schedules.goodput import MIN_OBSERVATIONS, capped
 from .step import RowOutcome
 
-
-CALIBRATE_BELOW = 2.0  # an estimated speedup below this, with `P` not measured, runs one plain step to measure it
 
 @dataclass
 class RowFloor:
@@ -86,16 +83,10 @@ class PlainFloor:
         self.plain_seconds = self.drafted_seconds = self.verify_seconds = self.drafting_rows = None
         self.num_drafted_steps = 0
         self.probing: set[int] = set()
-        self.calibrate = False  # whether the next step is the one plain step of every row that measures `P`
 
     def budgets(self, rows: Sequence[int], budgets: Sequence[int]) -> list[int]:
         """Each running row's draft length: the schedule's `budgets`, or 0 where the floor holds the row plain."""
         self.probing = set()
-        if self.calibrate:  # one plain step of every row measures P
-            for row in rows:
-                self.rows.setdefault(row, RowFloor(budget=self.probe_overhead)).num_plain_steps += 1
-            self.calibrate = False
-            return [0] * len(rows)
         chosen = []
         for row, budget in zip(rows, budgets):
             state = self.rows.setdefault(row, RowFloor(budget=self.probe_overhead))
@@ -135,24 +126,21 @@ class PlainFloor:
 
     def _decide(self, rows: list[int]) -> None:
         """Chooses the rows that draft next step (those whose drafting raises the batch's tokens per second)."""
-        if self.drafted_seconds is None or not rows:  # no drafted step measured yet, or every row finished
+        if self.drafted_seconds is None:  # no drafted step measured yet
             return
         calibrated = self.plain_seconds is not None
         plain = self._plain_seconds()
         margin = 1.0 if calibrated else self.calibration_margin
+        extra = max(self._extra_seconds(), 1e-9)
         waiting = {row for row in rows if self.rows[row].plain and row not in self.probing}
         candidates = sorted((row for row in rows if self.rows[row].tokens is not None and row not in waiting),
                             key=lambda row: self.rows[row].tokens, reverse=True)
-        gains = {row: self.rows[row].tokens - 1.0 for row in candidates}
-        drafting = {row for row, gain in gains.items() if gain > 0}  # a row that gains nothing never drafts
-        # a drafted step's seconds are the batch's (its query is as wide as the deepest draft): the rows that gain
-        # draft together when their tokens per second beat plain steps', else every row runs plain
-        tokens = len(rows) + sum(gains[row] for row in drafting)
-        speedup = tokens * plain / (len(rows) * max(self.drafted_seconds, 1e-12))  # drafted over plain steps
-        if speedup <= margin:
-            drafting = set()
-        elif not calibrated and speedup < CALIBRATE_BELOW and self.num_drafted_steps >= self.min_drafted_steps:
-            self.calibrate = True
+        tokens, seconds, drafting = float(len(rows)), plain, set()
+        for row in candidates:
+            gain = self.rows[row].tokens - 1.0
+            if gain > 0 and gain / extra > margin * tokens / seconds:
+                tokens, seconds = tokens + gain, seconds + extra
+                drafting.add(row)
         for row in candidates:
             self._set(row, row in drafting)
 
