@@ -13,6 +13,7 @@ from .compiled import compiled_steps
 from .config import SpeculativeConfig
 from .drafters import Drafter
 from .entry import ENABLED_ATTRIBUTE, is_enabled
+from .floor import PlainFloor
 from .loop import SpeculativeLoop
 from .outputs import SpeculativeGenerateOutput
 from .schedules import check_schedule, make_schedule
@@ -90,6 +91,7 @@ def generate(
     target_tokenizer=None,
     speculative_config: SpeculativeConfig | None = None,
     num_draft_tokens_schedule: str | None = None,
+    plain_floor: bool | None = None,
     **model_kwargs,
 ) -> torch.LongTensor | SpeculativeGenerateOutput:
     """Speculative decoding with the `custom_generate` signature of transformers' `generate`.
@@ -133,6 +135,12 @@ def generate(
             rule (+2 after a fully accepted draft, -1 otherwise, from `num_draft_tokens`); `"goodput"`: the length
             in `0..num_draft_tokens` of the highest expected tokens per second, from the acceptance and costs
             measured during the call (0: a plain one-token step). For a tree it is the depth.
+        plain_floor (`bool`, *optional*): beneath the schedule, each row runs plain one-token steps while its
+            drafts, as measured in this call, bring fewer tokens per second than plain steps would, and drafts
+            again now and then to check (`hf_speculators.floor`; `speculative_stats.num_floor_steps` counts the
+            plain steps). `False`: every step drafts what the schedule asks. Default: on under greedy decoding
+            (the output is the same either way), off under sampling, where the floor's clock reads would make a
+            seeded sample differ from run to run (still lossless); pass `True` to have it there too.
 
     Returns:
         `torch.LongTensor` of shape `(batch_size, sequence_length + new_tokens)` (rows that stopped early padded
@@ -179,13 +187,18 @@ def generate(
     compiled = compiled_steps(model, cache, generation_config, candidate_generator)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
                            stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id,
-                           compiled=compiled)
+                           compiled=compiled, floor=_floor(plain_floor, generation_config))
     loop.prefill(input_ids, num_pads, cache)
     while not loop.step():
         pass
     output = loop.output()
     return output if generation_config.return_dict_in_generate else output.sequences
 
+
+
+def _floor(plain_floor: bool | None, generation_config: GenerationConfig) -> PlainFloor | None:
+    """The call's floor: `plain_floor`, or by default on under greedy decoding only (see `generate`)."""
+    return PlainFloor() if (not generation_config.do_sample if plain_floor is None else plain_floor) else None
 
 def _logits_device(model, input_ids: torch.LongTensor) -> torch.device:
     """Where the target's logits (and so every sampling draw) live: its LM head's device, which differs from the

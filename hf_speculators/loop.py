@@ -7,6 +7,7 @@ from .compiled import CompiledSteps
 from .draft import Draft
 from .drafters import Drafter
 from .drafters.base import StepFeedback
+from .floor import PlainFloor
 from .metrics import SpeculativeStats, clock
 from .outputs import CACHE_FIELD, SpeculativeGenerateOutput, commit_tokens
 from .query import Query
@@ -43,17 +44,21 @@ class SpeculativeLoop:
             every step). Not a `generate` argument: `examples/batch_compaction.py` passes it to measure its cost.
         compiled (`CompiledSteps`, *optional*): the compiled target forward of the decoding steps and the query
             width they are padded to (`compiled.compiled_steps`); `None`: eager steps of the drafts' own widths.
+        floor (`PlainFloor`, *optional*): beneath the schedule, holds each row plain while its drafts cost more than
+            they bring (`floor.py`); `None`: every row drafts what the schedule asks.
     """
 
     def __init__(self, model, drafter: Drafter, verifier: Verifier, schedule: DraftLengthSchedule,
                  generation_config, logits_processor, stopping_criteria, generator, tokenizer=None, streamer=None,
-                 pad_token_id: int = 0, max_holes: int = DEFAULT_MAX_HOLES, compiled: CompiledSteps | None = None):
+                 pad_token_id: int = 0, max_holes: int = DEFAULT_MAX_HOLES, compiled: CompiledSteps | None = None,
+                 floor: PlainFloor | None = None):
         self.model, self.drafter, self.verifier, self.schedule = model, drafter, verifier, schedule
         self.generation_config, self.logits_processor, self.stopping_criteria = (
             generation_config, logits_processor, stopping_criteria)
         self.generator, self.tokenizer, self.streamer = generator, tokenizer, streamer
         self.pad_token_id, self.max_holes, self.device = pad_token_id, max_holes, model.device
         self.compiled = compiled
+        self.floor = floor
         self.stats = SpeculativeStats(lossless=verifier.lossless, verifier=verifier.name, drafter=repr(drafter))
         self.scores = [] if generation_config.output_scores else None
         self.raw_logits = [] if generation_config.output_logits else None
@@ -93,10 +98,11 @@ class SpeculativeLoop:
 
     def _budgets(self, rows: list[int]) -> list[int]:
         """Each running row's draft length: the schedule's, capped by what the length limit leaves (the step's
-        next token takes one place)."""
+        next token takes one place), or 0 where the floor holds the row plain."""
         max_length = self.generation_config.max_length
-        return [max(0, min(self.schedule.draft_length, max_length - self.sequences[row].shape[1] - 1))
-                for row in rows]
+        budgets = [max(0, min(self.schedule.draft_length, max_length - self.sequences[row].shape[1] - 1))
+                   for row in rows]
+        return budgets if self.floor is None else self.floor.budgets(rows, budgets)
 
     def step(self) -> bool:
         """One step for every running row: propose, query, forward, verify, commit, observe. Returns whether all
@@ -159,6 +165,8 @@ class SpeculativeLoop:
                 outcome.num_nodes, min(outcome.num_accepted, outcome.num_committed), outcome.num_committed,
                 depth=outcome.depth, draft_length=outcome.draft_length)
         self.schedule.update(outcomes, draft_seconds, verify_seconds)
+        if self.floor is not None:
+            self.floor.update(outcomes, draft_seconds, verify_seconds)
 
     def _extra_outputs(self, new_tokens: torch.LongTensor, scored_by: list[int], scores, logits) -> None:
         """Streams the committed tokens and keeps their scores and logits, when asked (one row only)."""
@@ -201,7 +209,8 @@ class SpeculativeLoop:
         prompt_lengths = [self.prompt_width - pads for pads in self.num_pads]
         self.stats.drafter_stats = self.drafter.finish(
             self.state, [sequence[:, pads:] for sequence, pads in zip(self.sequences, self.num_pads)], prompt_lengths)
-        for row_stats in self.row_stats:
+        for row, row_stats in enumerate(self.row_stats):
+            row_stats.num_floor_steps = 0 if self.floor is None else self.floor.num_plain_steps(row)
             self.stats.add(row_stats)
         if len(self.sequences) > 1:
             self.stats.row_stats = self.row_stats

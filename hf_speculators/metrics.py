@@ -29,6 +29,8 @@ class SpeculativeStats:
         accepted_per_position (`list[int]`): entry i counts drafts that had a token accepted at position i.
         draft_lengths (`list[int]`): entry k counts steps that asked the drafter for k draft tokens (the draft
             length the schedule chose, capped by the length limit; 0: a plain step, the drafter not called).
+        num_floor_steps (`int`): steps the plain-speed floor ran plain (draft length 0) because the row's drafts
+            cost more than they brought (`floor.py`); they are among `draft_lengths[0]`, probes are not.
         draft_time (`float`): seconds spent drafting.
         verify_time (`float`): seconds spent in target forwards (prefill included) and verification.
         lossless (`bool`): whether the verification preserves the target's output (greedy: token for token;
@@ -51,6 +53,7 @@ class SpeculativeStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
+    num_floor_steps: int = 0
     draft_time: float = 0.0
     verify_time: float = 0.0
     lossless: bool = True
@@ -61,7 +64,8 @@ class SpeculativeStats:
 
     def add(self, other: "SpeculativeStats") -> None:
         """Adds the step and token counts of `other` (a row of a batch) to these; forwards and timings stay."""
-        for name in ("num_steps", "num_drafts", "num_drafted_tokens", "num_accepted_tokens", "num_generated_tokens"):
+        for name in ("num_steps", "num_drafts", "num_drafted_tokens", "num_accepted_tokens", "num_generated_tokens",
+                     "num_floor_steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_per_position", "accepted_per_position", "draft_lengths"):
             mine, theirs = getattr(self, name), getattr(other, name)

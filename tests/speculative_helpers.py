@@ -84,15 +84,16 @@ def assert_cache_matches_sequence(output) -> None:
 
 
 def check_exact(zoo, arch: str, prompt: str, kind: str, num_draft_tokens: int, *, num_correct: int | None = None,
-                **generate_kwargs):
-    """Runs speculative greedy decoding and asserts it equals plain greedy `generate` with the same settings.
+                floor: bool = True, **generate_kwargs):
+    """Runs speculative greedy decoding and asserts it equals plain greedy `generate` with the same settings
+    (`floor=False`: without the plain-speed floor, for tests that count what the drafter proposed every step).
 
     Returns the speculative output (with `speculative_stats`) and the drafter.
     """
     expected = zoo.reference(arch, prompt, **generate_kwargs)
     drafter = make_drafter(kind, num_draft_tokens, zoo, arch, reference=expected, num_correct=num_correct)
     output = speculative_generate(zoo.target(arch), prompt_ids(prompt), drafter, return_dict_in_generate=True,
-                                  **generate_kwargs)
+                                  plain_floor=floor, **generate_kwargs)
     assert_same_tokens(output.sequences, expected)
     assert_cache_matches_sequence(output)
     return output, drafter

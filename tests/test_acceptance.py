@@ -36,7 +36,7 @@ def assert_stats_match_proposals(stats, drafter) -> None:
 @pytest.mark.parametrize("num_draft_tokens", NUM_DRAFT_TOKENS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_oracle_drafts_are_all_accepted(zoo, arch, num_draft_tokens):
-    out, drafter = check_exact(zoo, arch, "random", "oracle", num_draft_tokens)
+    out, drafter = check_exact(zoo, arch, "random", "oracle", num_draft_tokens, floor=False)
     stats = out.speculative_stats
     assert_stats_match_proposals(stats, drafter)
     assert stats.num_accepted_tokens == stats.num_drafted_tokens > 0
@@ -49,7 +49,7 @@ def test_oracle_drafts_are_all_accepted(zoo, arch, num_draft_tokens):
 @pytest.mark.parametrize("num_draft_tokens", NUM_DRAFT_TOKENS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_adversary_drafts_are_never_accepted(zoo, arch, num_draft_tokens):
-    out, drafter = check_exact(zoo, arch, "random", "adversary", num_draft_tokens)
+    out, drafter = check_exact(zoo, arch, "random", "adversary", num_draft_tokens, floor=False)
     stats = out.speculative_stats
     assert_stats_match_proposals(stats, drafter)
     assert stats.num_drafted_tokens > 0
@@ -64,7 +64,8 @@ def test_adversary_drafts_are_never_accepted(zoo, arch, num_draft_tokens):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scripted_drafts_accept_exactly_n_per_step(zoo, arch, num_correct):
     num_draft_tokens = 5
-    out, drafter = check_exact(zoo, arch, "random", "scripted", num_draft_tokens, num_correct=num_correct)
+    out, drafter = check_exact(zoo, arch, "random", "scripted", num_draft_tokens, num_correct=num_correct,
+                                  floor=False)
     stats = out.speculative_stats
     assert_stats_match_proposals(stats, drafter)
     assert stats.num_accepted_tokens == sum(min(num_correct, len(p)) for p in drafter.proposals)
@@ -93,7 +94,7 @@ def test_stats_count_only_accepted_tokens_that_reach_the_output(zoo):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_noisy_draft_model_is_partly_accepted(zoo, arch):
     """The noisy draft exercises what the small random draft cannot: drafts accepted up to a middle position."""
-    out, _ = check_exact(zoo, arch, "random", "noisy_draft_model", 4)
+    out, _ = check_exact(zoo, arch, "random", "noisy_draft_model", 4, floor=False)
     stats = out.speculative_stats
     assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
     assert 0 < stats.accepted_per_position[1] < stats.drafted_per_position[1]

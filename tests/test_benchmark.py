@@ -332,12 +332,34 @@ def test_summarize_pools_totals():
     assert summary["all"]["plain"]["draft_cost_ratio"] is None
 
 
+def test_summaries_add_the_best_k_per_category_and_the_floors_share_of_plain_steps():
+    def record(category, method, seconds, floor_steps=None):
+        stats = {"num_drafts": None} if floor_steps is None else {
+            "num_drafts": 1, "num_accepted_tokens": 1, "drafted_per_position": [1], "accepted_per_position": [1],
+            "num_drafted_tokens": 1, "draft_time": 0.0, "draft_lengths": [floor_steps, 10 - floor_steps],
+            "num_floor_steps": floor_steps}
+        return {"category": category, "method": method, "new_tokens": 10, "seconds": seconds, "forward_seconds": 0.0,
+                "identical_to_plain": True, **stats}
+
+    records = [record("a", "plain", 1.0), record("b", "plain", 1.0),
+               record("a", "hf-prompt-lookup[k=3]", 0.5), record("b", "hf-prompt-lookup[k=3]", 1.0),
+               record("a", "hf-prompt-lookup[k=8]", 0.8), record("b", "hf-prompt-lookup[k=8]", 0.4),
+               record("a", "hybrid", 0.5, floor_steps=0), record("b", "hybrid", 1.0, floor_steps=5)]
+    summary = summarize(records)
+    assert summary["a"]["hf-prompt-lookup[best k]"]["best_k"] == 3
+    assert summary["b"]["hf-prompt-lookup[best k]"]["best_k"] == 8
+    assert summary["b"]["hf-prompt-lookup[best k]"]["speedup"] == 2.5
+    assert summary["b"]["hybrid"]["floor_share"] == 0.5 and summary["all"]["hybrid"]["floor_share"] == 0.25
+    assert "hybrid[best k]" not in summary["all"]  # one length only
+
+
 def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target, draft, tokenizer):
     result = bench(target, draft, tokenizer, methods=["hf-prompt-lookup", "draft-model"], verbose=False,
                    variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])
     names = ["plain", "hf-prompt-lookup[k=1]", "hf-prompt-lookup[k=3]", "draft-model[k=1]", "draft-model[k=3]",
              "draft-model[goodput,k<=3]", "draft-model[heuristic,k=2]"]
-    assert list(result.summary["all"]) == names  # transformers' method: once per constant variant
+    # transformers' method: once per constant variant; each method run at several constant k: its best k too
+    assert list(result.summary["all"]) == names + ["hf-prompt-lookup[best k]", "draft-model[best k]"]
     assert result.ok and len(result.records) == len(names) * len(PROMPTS)
     by_name = {r["method"]: r for r in result.records if r["prompt_index"] == 0}
     assert len(by_name["draft-model[k=1]"]["draft_lengths"]) == 2  # asked for 0 or 1 tokens

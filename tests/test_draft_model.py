@@ -24,6 +24,7 @@ def generate_recording_draft_forwards(zoo, arch, draft_model, num_draft_tokens, 
     drafter = hs.DraftModelDrafter(draft_model, num_draft_tokens=num_draft_tokens)
     with recording_forward_lengths(draft_model) as lengths:
         out = speculative_generate(zoo.target(arch), prompt_ids(PROMPT), drafter, max_new_tokens=max_new_tokens,
+                                   plain_floor=False,
                                    return_dict_in_generate=True)
     assert_same_tokens(out.sequences, zoo.reference(arch, PROMPT, max_new_tokens=max_new_tokens))
     return out.speculative_stats, lengths

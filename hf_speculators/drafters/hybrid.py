@@ -31,9 +31,9 @@ class HybridState(DraftState):
         last (`dict[int, str]`): per row, the source of the draft of the step in flight.
         figures (`dict[str, list[int]]`): per source, `[steps, drafted tokens, accepted tokens]` so far.
         free_scores (`float`): the summed scores of the model-free drafts taken so far.
-        step_seconds (`dict[str, list[float]]`): per source, `[steps timed, seconds]`: a step's seconds run from one
-            `propose` to the next (drafting, the target's forward, verification, the loop), and count for the model
-            when any row of it drafted with the model.
+        step_seconds (`dict[str, list[float]]`): per source, `[steps timed, seconds]`: a step's seconds run from its
+            `propose` to its `observe` (drafting, the target's forward, verification; not the plain steps the loop
+            may run before the next draft), and count for the model when any row of it drafted with the model.
         step_started (`tuple[str, float]`, *optional*): the source and start time of the step in flight.
     """
 
@@ -75,13 +75,14 @@ class HybridState(DraftState):
         expected = score * self.free_accepted_per_score()
         return 1.0 + expected >= (1.0 + self.expected_model_accepted(budget)) * self.cost_ratio()
 
-    def time_step(self, source: str, now: float) -> None:
-        """Ends the step in flight (its seconds count for its source) and starts one drafted by `source`."""
+    def time_step(self, source: str | None, now: float) -> None:
+        """Ends the step in flight (its seconds count for its source) and starts one drafted by `source` (`None`:
+        none)."""
         if self.step_started is not None:
             started_source, started = self.step_started
             self.step_seconds[started_source][0] += 1
             self.step_seconds[started_source][1] += now - started
-        self.step_started = (source, now)
+        self.step_started = None if source is None else (source, now)
 
 
 class HybridDrafter(Drafter):
@@ -171,7 +172,10 @@ class HybridDrafter(Drafter):
         return Proposal(drafts, resume)
 
     def observe(self, state: HybridState, feedback: StepFeedback) -> None:
-        """Credits each row's draft source with its accepted tokens; both drafters take the feedback."""
+        """Ends the step's timing, credits each row's draft source with its accepted tokens; both drafters take the
+        feedback."""
+        if feedback.num_accepted is not None:  # after a step, not a prefill
+            state.time_step(None, clock(state.target.device))
         for row, accepted in zip(feedback.rows, feedback.num_accepted or []):
             if row in state.last:
                 state.figures[state.last.pop(row)][2] += accepted

@@ -33,8 +33,8 @@ class DraftLengthSchedule:
         """Takes in one finished step of every running row; the default (a constant length) ignores it.
 
         Args:
-            outcomes (`Sequence[RowOutcome]`): per running row, what the step asked for (`draft_length`; the
-                longest over the rows, 0: the drafter was not called), drafted (`num_nodes`, `depth`) and accepted
+            outcomes (`Sequence[RowOutcome]`): per running row, what the step asked for (`draft_length`: the
+                schedule's, capped by the length limit, or 0 where the plain-speed floor held the row plain), drafted (`num_nodes`, `depth`) and accepted
                 (`num_accepted`, a root-to-leaf path).
             draft_seconds (`float`): seconds spent drafting for every row.
             verify_seconds (`float`): seconds spent in the one target forward, verification and commit; it scored

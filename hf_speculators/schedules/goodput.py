@@ -156,10 +156,10 @@ class GoodputSchedule(DraftLengthSchedule):
     def update(self, outcomes, draft_seconds, verify_seconds) -> None:
         """Takes in one step of every running row (see `DraftLengthSchedule.update`): the acceptance of each row's
         draft, and the step's costs against its deepest draft and the query slots its one forward scored."""
-        draft_length = max(outcome.draft_length for outcome in outcomes)
-        if draft_length > 0:
-            for outcome in outcomes:
-                self._observe_acceptance(min(draft_length, self.num_draft_tokens), outcome.depth, outcome.num_accepted)
+        for outcome in outcomes:  # a row the length limit or the floor gave no draft length says nothing
+            if outcome.draft_length > 0:
+                self._observe_acceptance(min(outcome.draft_length, self.num_draft_tokens), outcome.depth,
+                                         outcome.num_accepted)
         self.num_rows = len(outcomes)
         drafted = [outcome for outcome in outcomes if outcome.num_nodes > 0]
         if not drafted:  # a plain step

@@ -180,7 +180,8 @@ def run_bench(args) -> int:
     if args.draft_vocab_size is not None and args.draft_vocab is None:
         raise ValueError("--draft-vocab-size takes the first ids of a token ranking: pass --draft-vocab as well.")
     options = {**_method_options(args), "num_draft_tokens": args.num_draft_tokens or 5}
-    methods = named_methods(names, variants=args.variants, verification=_verifier(args),
+    methods = named_methods(names, variants=args.variants, baseline_ks=args.baseline_k,
+                            compare_floor=args.compare_floor, verification=_verifier(args),
                             num_draft_tokens_schedule=args.num_draft_tokens_schedule, **options)
     settings = _bench_settings(args)
     prompts = load_prompts(args.prompts, args.limit)

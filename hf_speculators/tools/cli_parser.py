@@ -154,6 +154,14 @@ def _top_k_settings(text: str) -> list[tuple[int, float]]:
         raise argparse.ArgumentTypeError(f"expected comma-separated TOP_K:TOLERANCE pairs, got {text!r}") from None
 
 
+def _int_list(text: str) -> list[int]:
+    """`"3,5,8"` -> `[3, 5, 8]`."""
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def _variant_list(text: str) -> list[tuple[int, str]]:
     """`"1,2,goodput:6"` -> `[(1, "constant"), (2, "constant"), (6, "goodput")]`."""
     try:
@@ -201,6 +209,11 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
     bench.add_argument("--variants", type=_variant_list, default=None, metavar="K,...,SCHEDULE:K",
                        help="run each of our methods once per item, side by side: K draft tokens every step, or "
                             "SCHEDULE with bound K (e.g. 1,2,3,4,5,6,goodput:6); transformers' methods run once per K")
+    bench.add_argument("--baseline-k", type=_int_list, default=None, metavar="K,...",
+                       help="run transformers' methods once per K (e.g. 3,5,8,10), whatever --variants says; the "
+                            "tables add each one's best K per category")
+    bench.add_argument("--compare-floor", action="store_true",
+                       help="also run each of our methods without the plain-speed floor (labelled [no floor])")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")

@@ -15,6 +15,7 @@ COLUMNS = (
     ("draft cost ratio", "draft_cost_ratio"),
     ("mean draft length per step", "mean_draft_length"),
 )
+FLOOR_COLUMN = ("steps the floor ran plain", "floor_share")  # only for runs whose records carry num_floor_steps
 
 
 def _cell(value, fmt: str) -> str:
@@ -44,7 +45,8 @@ def provenance_line(records: Sequence[dict]) -> str:
 def markdown_report(records: Sequence[dict]) -> str:
     """The run as Markdown: a provenance line, a table over all prompts with one row per method (tokens/s, speedup
     over plain, mean acceptance length, identical-output rate (not for a sampled run), draft cost ratio, mean draft
-    length per step), and a table of each method's speedup per category. The figures are `summarize(records)`'s, as `bench` prints them.
+    length per step; for a run recorded with the plain-speed floor, the share of steps it ran plain), and a table of each
+    method's speedup per category (and of the floor's share, for such a run). The figures are `summarize(records)`'s, as `bench` prints them.
 
     Args:
         records (`Sequence[dict]`): `run_benchmark`'s records (e.g. `hf_speculators.tools.bench.read_records(path)`).
@@ -60,15 +62,27 @@ def markdown_report(records: Sequence[dict]) -> str:
     summary = summarize(records)
     methods = list(summary["all"])
     sampled = records[0].get("provenance", {}).get("run", {}).get("settings", {}).get("do_sample", False)
-    columns = [c for c in COLUMNS if not (sampled and c[1] == "identical_rate")]  # sampled outputs differ
+    floor = any("num_floor_steps" in r for r in records)  # runs recorded before the floor keep their tables
+    columns = [c for c in COLUMNS + (FLOOR_COLUMN,) * floor
+               if not (sampled and c[1] == "identical_rate")]  # sampled outputs differ
     lines = [provenance_line(records), "", _row(["method"] + [title for title, _ in columns]),
              _row(["---"] * (len(columns) + 1))]
     for method, figures in summary["all"].items():
         lines.append(_row([f"`{method}`"] + [_cell(figures[key], FIGURE_FORMATS[key]) for _, key in columns]))
     speculative = [m for m in methods if m != "plain"]
-    lines += ["", "Speedup vs plain per category:", "", _row(["category"] + [f"`{m}`" for m in speculative]),
-              _row(["---"] * (len(speculative) + 1))]
-    for category, by_method in summary.items():
-        speedups = [by_method.get(m, {}).get("speedup") for m in speculative]
-        lines.append(_row([category] + [_cell(speedup, FIGURE_FORMATS["speedup"]) for speedup in speedups]))
+    lines += ["", "Speedup vs plain per category:", ""]
+    lines += _per_category(summary, speculative, "speedup")
+    if floor:
+        lines += ["", "Share of steps the floor ran plain per category:", ""]
+        lines += _per_category(summary, [m for m in speculative if summary["all"][m]["floor_share"] is not None],
+                               "floor_share")
     return "\n".join(lines) + "\n"
+
+
+def _per_category(summary: dict, methods: list[str], key: str) -> list[str]:
+    """A Markdown table of figure `key`, one row per category, one column per method."""
+    lines = [_row(["category"] + [f"`{m}`" for m in methods]), _row(["---"] * (len(methods) + 1))]
+    for category, by_method in summary.items():
+        values = [by_method.get(m, {}).get(key) for m in methods]
+        lines.append(_row([category] + [_cell(value, FIGURE_FORMATS[key]) for value in values]))
+    return lines

@@ -70,7 +70,7 @@ def measure_acceptance(target, drafter, prompts: list[list[int]], max_new_tokens
         out = target.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                               custom_generate=speculative_generate, candidate_generator=drafter, verifier=verifier,
                               max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                              **generate_kwargs)
+                              plain_floor=False, **generate_kwargs)  # every step drafts: acceptance, not speed
         total.add(out.speculative_stats)
     return Acceptance(total.mean_acceptance_length, total.acceptance_rate_per_position, len(prompts),
                       total.num_generated_tokens)

@@ -43,7 +43,7 @@ def generate_kwargs(method: BenchMethod, target, draft, do_sample: bool, tokeniz
     verifier = resolve_verifier(build_verifier(config), do_sample)
     return {"custom_generate": generate, "candidate_generator": build_drafter(config, target, tokenizer, **loaded),
             "verifier": verifier, "num_draft_tokens_schedule": check_schedule(config.num_draft_tokens_schedule),
-            "target_tokenizer": tokenizer}
+            "target_tokenizer": tokenizer, "plain_floor": method.plain_floor}
 
 
 def compiled_kwargs(target) -> dict:

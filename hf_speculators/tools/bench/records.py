@@ -17,7 +17,7 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   both null with compile (no hooks in compiled forwards)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_drafted_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
-    drafter, verifier, draft_lengths, num_steps_without_draft
+    drafter, verifier, draft_lengths, num_steps_without_draft, num_floor_steps
                                                   `SpeculativeStats` figures; null for methods that give none
                                                   (plain and transformers' methods)
     divergence                                    for an exact method whose output differs from plain greedy
@@ -67,7 +67,7 @@ from .timing import TimedRun
 STATS_FIELDS = (
     "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_drafted_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
-    "drafter", "verifier", "draft_lengths", "num_steps_without_draft",
+    "drafter", "verifier", "draft_lengths", "num_steps_without_draft", "num_floor_steps",
 )
 
 

@@ -108,7 +108,8 @@ def run_benchmark(
                     for label, m in methods.items() if m.engine == "transformers"}
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
     run = {"settings": {**settings.recorded(), "max_prompt_tokens": budget, "chat_template": chat_template},
-           "methods": {label: {"engine": m.engine, **m.config.to_dict()} for label, m in methods.items()},
+           "methods": {label: {"engine": m.engine, **({} if m.plain_floor is None else {"plain_floor": m.plain_floor}),
+                               **m.config.to_dict()} for label, m in methods.items()},
            "prompts": prompts_fingerprint(prompts), "skipped_methods": skipped}
     with ExitStack() as stack:
         stack.enter_context(torch_threads(settings.num_threads))

@@ -54,6 +54,7 @@ def draft_model_methods() -> tuple[str, ...]:
 
 
 ENGINES = ("hf_speculators", "transformers")
+NO_FLOOR = "[no floor]"  # the label suffix of a method run without the plain-speed floor (`compare_floor`)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class BenchMethod:
         universal (`bool`, defaults to `False`): with `engine="transformers"` and `"draft-model"`, transformers'
             universal assisted generation (a draft of another tokenizer: `tokenizer=` and `assistant_tokenizer=`
             passed; string-level exact matching when greedy, token-level intersection when sampling).
+        plain_floor (`bool`, *optional*): with `engine="hf_speculators"`, `generate(plain_floor=...)`: whether
+            the plain-speed floor holds rows plain while their drafts lose (`hf_speculators.floor`; default:
+            `generate`'s, on under greedy decoding only).
 
     Raises:
         `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
@@ -77,6 +81,7 @@ class BenchMethod:
     config: SpeculativeConfig
     engine: str = "hf_speculators"
     universal: bool = False
+    plain_floor: bool | None = None
 
     def __post_init__(self):
         if not isinstance(self.config, SpeculativeConfig):
@@ -180,6 +185,8 @@ def named_methods(
     names: Sequence[str],
     *,
     variants: Sequence[tuple[int, str]] | None = None,
+    baseline_ks: Sequence[int] | None = None,
+    compare_floor: bool = False,
     num_draft_tokens: int = 5,
     max_ngram_size: int = 2,
     verification: str | None = None,
@@ -195,6 +202,10 @@ def named_methods(
         variants (`Sequence[tuple[int, str]]`, *optional*): `(num_draft_tokens, schedule)` pairs: each of our methods
             then runs once per pair, named by `variant_label` (e.g. `draft-model[k=3]`); transformers' baselines run
             once per constant pair (`hf-prompt-lookup[k=3]`), or with `num_draft_tokens` when there is none.
+        baseline_ks (`Sequence[int]`, *optional*): transformers' baselines run once per k given here instead
+            (`hf-prompt-lookup[k=8]`), whatever `variants` says; the summaries add each one's best k.
+        compare_floor (`bool`, defaults to `False`): each of our methods also runs without the plain-speed floor,
+            labelled `<label>[no floor]`.
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
         verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
@@ -228,7 +239,8 @@ def named_methods(
     chosen = {}
     for method in (m for m in known if m in names and m != "plain"):
         if method in transformers_methods():
-            for label, k in _baseline_variants(method, num_draft_tokens, variants):
+            baseline_variants = [(k, "constant") for k in baseline_ks] if baseline_ks else variants
+            for label, k in _baseline_variants(method, num_draft_tokens, baseline_variants):
                 config = _transformers_config(method, k, max_ngram_size, draft_model, options)
                 universal = METHOD_SPECS[config.method].baselines[method].universal
                 chosen[label] = BenchMethod(config, engine="transformers", universal=universal)
@@ -238,6 +250,8 @@ def named_methods(
                                                        max_ngram_size=max_ngram_size, **options)
             extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
             chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
+            if compare_floor:
+                chosen[label + NO_FLOOR] = BenchMethod(chosen[label].config, plain_floor=False)
     return chosen
 
 

@@ -11,8 +11,9 @@ from .batches import padding_overhead
 FIGURE_FORMATS = {
     "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "speedup_vs_compiled": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
     "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
-    "mean_draft_length": "{:.2f}",
+    "mean_draft_length": "{:.2f}", "floor_share": "{:.0%}",
 }
+BEST_K = "[best k]"  # the label suffix of a method's best constant length in a category (`best_of_k`)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class BenchmarkResult:
             ("share of wall time outside model forwards", "outside_forwards"),
             ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio"),
             ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length"),
+            ("share of row-steps the plain-speed floor ran plain (floor.py)", "floor_share"),
         ]
         lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks
                  if key in self.summary["all"][methods[0]]]  # speedup_vs_compiled: only with plain-compiled
@@ -93,13 +95,30 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     Returns:
         `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
         "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
-        "mean_draft_length", "identical_rate"}`, categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
+        "mean_draft_length", "identical_rate", "floor_share"}` (plus `best_of_k` entries), categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
         records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
         time per draft token over plain decoding's time per token (Leviathan et al.'s c).
     """
     categories = sorted({r["category"] for r in records} - {"all"})
     groups = {c: [r for r in records if r["category"] == c] for c in categories} | {"all": list(records)}
-    return {category: _summarize_group(group) for category, group in groups.items()}
+    return {category: best_of_k(_summarize_group(group)) for category, group in groups.items()}
+
+
+def best_of_k(summary: dict[str, dict]) -> dict[str, dict]:
+    """`summary` (method -> figures, one category) plus, for each method run at several constant lengths
+    (`hf-prompt-lookup[k=3]`, `hf-prompt-lookup[k=8]`, ...), `hf-prompt-lookup[best k]`: the figures of the length
+    with the most tokens/s in this category, with `best_k` naming it."""
+    runs: dict[str, list[tuple[int, str]]] = {}
+    for label in summary:
+        base, _, rest = label.partition("[k=")
+        if rest.endswith("]") and rest[:-1].isdigit():
+            runs.setdefault(base, []).append((int(rest[:-1]), label))
+    best = {}
+    for base, labels in runs.items():
+        if len(labels) > 1:
+            k, label = max(labels, key=lambda item: summary[item[1]]["tokens_per_s"] or 0.0)
+            best[base + BEST_K] = {**summary[label], "best_k": k}
+    return {**summary, **best}
 
 
 def _summarize_group(records: list[dict]) -> dict[str, dict]:
@@ -127,6 +146,7 @@ def _summarize_method(records: list[dict]) -> dict:
     )
     num_drafted_tokens = sum(r["num_drafted_tokens"] for r in with_stats)
     draft_lengths = _sum_lists(r.get("draft_lengths") or [] for r in with_stats)
+    floor_steps = sum(r.get("num_floor_steps") or 0 for r in with_stats)
     return {
         "num_prompts": len(records),
         "new_tokens": new_tokens,
@@ -141,6 +161,7 @@ def _summarize_method(records: list[dict]) -> dict:
         "mean_draft_length": sum(k * n for k, n in enumerate(draft_lengths)) / sum(draft_lengths)
         if draft_lengths else None,
         "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
+        "floor_share": floor_steps / sum(draft_lengths) if draft_lengths else None,
     }
 
 
