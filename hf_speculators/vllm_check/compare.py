@@ -25,7 +25,8 @@ def our_outputs(model, prompts: list[list[int]], max_new_tokens: int, config=Non
                 tokenizer=None) -> tuple[list[list[int]], SpeculativeStats]:
     """Greedy new tokens of `model` for each prompt (batch 1), with `config` (a `SpeculativeConfig`) or plain
     `generate()` when `None`, and the speculative figures summed over prompts (empty for plain decoding).
-    `tokenizer`, the target's, is passed on for a draft of another tokenizer."""
+    `tokenizer`, the target's, is passed on for a draft of another tokenizer. The plain-speed floor is off: vLLM
+    drafts every step, and the floor's plain steps would leave out the stretches where drafts lose."""
     outputs, total = [], SpeculativeStats()
     for ids in prompts:
         input_ids = torch.tensor([ids], device=model.device)
@@ -35,7 +36,7 @@ def our_outputs(model, prompts: list[list[int]], max_new_tokens: int, config=Non
         else:
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), custom_generate=generate,
                                  speculative_config=config, target_tokenizer=tokenizer, do_sample=False,
-                                 max_new_tokens=max_new_tokens, return_dict_in_generate=True)
+                                 max_new_tokens=max_new_tokens, return_dict_in_generate=True, plain_floor=False)
             sequences = out.sequences
             total.add(out.speculative_stats)
         outputs.append(sequences[0, len(ids):].tolist())
