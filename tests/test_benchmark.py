@@ -3,12 +3,16 @@
 import copy
 import dataclasses
 import gzip
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
@@ -465,3 +469,17 @@ def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft,
     assert all(r["forward_seconds"] is None for r in result.records)  # no hooks in compiled forwards
     assert counters["stats"]["unique_graphs"] >= 2  # plain-compiled's graph and our step graph
     assert "speedup vs plain-compiled" in result.table()
+
+
+def test_held_out_prompts_are_three_kinds_of_text_the_bench_reads(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("held_out_prompts", EXAMPLES / "held_out_prompts.py")
+    held_out = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(held_out)
+    out = tmp_path / "held_out.jsonl"
+    monkeypatch.setattr(sys, "argv", ["held_out_prompts.py", "--out", str(out), "--per-kind", "3"])
+    held_out.main()
+    prompts = load_prompts(out)
+    assert [p.category for p in prompts] == ["code"] * 3 + ["docs"] * 3 + ["readme"] * 3
+    assert all(len(p.text) >= held_out.MIN_CHARS // 3 for p in prompts)
+    assert any(p.text.startswith(("def ", "    def ", "async def ")) for p in prompts if p.category == "code")
+    assert held_out.held_out_records(3, 0) == held_out.held_out_records(3, 0)  # seeded
