@@ -8,7 +8,8 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
-from .static_cache import is_static, prepare_static_cache, reset_length, select_rows, static_length, store_slots
+from .static_cache import (ensure_room, is_static, prepare_static_cache, reset_length, select_rows, static_length,
+                           store_slots)
 
 DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
 
@@ -169,20 +170,16 @@ def _check_windows(config, max_length: int, what: str) -> None:
 
 
 def check_tree_support(cache: Cache, config, max_length: int) -> None:
-    """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer` and every sliding
-    window the model declares holds `max_length` tokens.
+    """Raises `ValueError` unless every layer of `cache` is a full-attention `DynamicLayer` or `StaticLayer` and
+    every sliding window the model declares holds `max_length` tokens.
 
     A token tree is scored with a 4D mask over the whole cache and compacted by gathering key/value rows: neither
     fits sliding-window layers (which hold only the last window of tokens) nor linear-attention states; and the 4D
     mask replaces the model's own window, so a passed full-attention cache serves a sliding-window model only while
     its windows hold the whole sequence.
     """
-    if is_static(cache):
-        raise ValueError(
-            "Token trees run on the dynamic cache, not a static one (compiled decoding serves chains): drop "
-            "cache_implementation='static' (or the StaticCache passed), or use a drafter that proposes chains."
-        )
-    unsupported = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    unsupported = sorted({type(layer).__name__ for layer in cache.layers
+                          if type(layer) not in (DynamicLayer, StaticLayer)})
     if unsupported:
         raise ValueError(
             f"Token trees need full-attention cache layers; this model's cache has {unsupported}. Use a drafter "
@@ -290,6 +287,12 @@ class RaggedCache:
         mask = torch.cat([self.valid, new_valid], dim=1).long()
         position_ids = (self.lengths[:, None] + new_valid.long().cumsum(dim=1) - 1).clamp_min(0)
         return mask, position_ids
+
+    def reserve(self, num_query: int) -> None:
+        """Makes a static cache hold this cache's slots and `num_query` more (`static_cache.ensure_room`; a dynamic
+        cache grows by itself): a token tree may be wider than the call's first estimate."""
+        if self.static_width is not None and ensure_room(self.cache, self.num_slots + num_query):
+            self.static_width = static_length(self.cache)
 
     def query_inputs(self, query, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.LongTensor]:
         """The `attention_mask` and `position_ids` `(batch_size, num_query)` of a forward over `query`

@@ -110,6 +110,7 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
         `torch.FloatTensor` of shape `(batch_size, num_logits or num_query, vocab_size)`.
     """
     input_ids = query.input_ids
+    cache.reserve(input_ids.shape[1])
     attention_mask, position_ids = cache.query_inputs(query, model.dtype)
     extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
     return (call or model)(

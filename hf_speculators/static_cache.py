@@ -5,7 +5,8 @@ tensor, so compiled forwards see no new Python int); every forward writes its ke
 attends over all `max_cache_len` slots, the unused ones masked. Dropping rejected draft tokens is then a length
 reset: the next forward overwrites them (gpt-fast and vLLM keep a preallocated cache the same way). transformers
 5.24 has `StaticLayer.crop` for it; 5.23 has none, so `reset_length` lowers the count itself. Nothing here
-reallocates a layer except `select_rows` (rows that finished leave the batch).
+reallocates a layer except `select_rows` (rows that finished leave the batch) and `ensure_room` (a forward wider
+than the call's estimate: a token tree).
 """
 
 import torch
@@ -85,6 +86,30 @@ def store_slots(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
         layer.values[..., :width, :] = values
     else:
         layer.keys, layer.values = keys, values
+
+
+def ensure_room(cache, num_slots: int) -> bool:
+    """Makes every static layer of `cache` hold at least `num_slots` slots per row: when one holds fewer, every
+    layer moves, its tokens kept, into tensors of `length_bucket(num_slots)` slots (marked static again: compiled
+    forwards see one more shape, as transformers' plain decoding does when a longer prompt grows its cache). A token
+    tree or a draft's unverified tokens may need more slots in one forward than the call's first estimate.
+
+    Returns:
+        `bool`: whether the layers moved.
+    """
+    if static_length(cache) >= num_slots:
+        return False
+    length = length_bucket(num_slots)
+    for layer in cache.layers:
+        layer.max_cache_len = length
+        if layer.is_initialized:
+            grown = [torch.zeros((*states.shape[:2], length, states.shape[-1]), dtype=states.dtype, device=states.device)
+                     for states in (layer.keys, layer.values)]
+            for states, old in zip(grown, (layer.keys, layer.values)):
+                states[..., : old.shape[-2], :] = old
+                torch._dynamo.mark_static_address(states)
+            layer.keys, layer.values = grown
+    return True
 
 
 def select_rows(cache, rows: torch.LongTensor) -> None:

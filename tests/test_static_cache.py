@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import StaticCache
+from torch._dynamo.utils import counters
+from transformers import CompileConfig, StaticCache
 
 import hf_speculators as hs
 import hf_speculators.loop as loop
@@ -10,9 +11,10 @@ from hf_speculators.cache import RaggedCache
 from hf_speculators.static_cache import MIN_BUCKET, length_bucket
 from batch_helpers import MAX_NEW_TOKENS
 from drafters_for_tests import WrongFirstTreeDrafter
-from speculative_helpers import cache_kwargs, make_drafter, output_cache, prompt_ids, speculative_generate
+from speculative_helpers import (cache_kwargs, make_drafter, output_cache, plain_generate, prompt_ids,
+                                 speculative_generate)
 from test_batch import BATCH_PROMPTS, batched, expected_batch, scripted
-from tiny_models import build_model
+from tiny_models import build_model, build_target
 
 STATIC = dict(cache_implementation="static")
 
@@ -44,6 +46,14 @@ def test_batch_rows_are_their_own_plain_output(zoo, monkeypatch, max_holes):
     drafter = scripted(zoo, "llama", BATCH_PROMPTS, 4, max_new_tokens=MAX_NEW_TOKENS)
     out = batched(zoo.target("llama"), drafter, **STATIC)
     assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
+
+
+def test_batch_token_trees_are_their_own_plain_output(zoo):
+    """Prompt lookup with two candidates per position drafts token trees for ragged rows over a static cache."""
+    drafter = hs.PromptLookupDrafter(3, max_ngram_size=2, num_candidates=2)
+    out = batched(zoo.target("llama"), drafter, plain_floor=False, **STATIC)
+    assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
+    assert out.speculative_stats.num_drafted_tokens > 0
 
 
 def test_finished_rows_leave_a_static_batch(zoo):
@@ -82,6 +92,47 @@ def test_refusals(zoo):
     sliding = build_model("qwen2_sliding", seed=1)
     with pytest.raises(ValueError, match="StaticLayer"):
         speculative_generate(sliding, ids, hs.PromptLookupDrafter(3), max_new_tokens=8, **STATIC)
+
+
+@pytest.mark.parametrize("share_tokens", [False, True])
+def test_token_trees_are_plain_greedy_output(zoo, share_tokens):
+    """A tree's accepted path (never its first nodes here) is gathered into place in the static cache."""
     reference = zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)
-    with pytest.raises(ValueError, match="Token trees run on the dynamic cache"):
-        speculative_generate(model, ids, WrongFirstTreeDrafter(reference, 3), **STATIC)
+    drafter = WrongFirstTreeDrafter(reference, 3, share_tokens=share_tokens)
+    out = speculative_generate(zoo.target("llama"), prompt_ids("random"), drafter, return_dict_in_generate=True,
+                               **STATIC)
+    assert out.sequences.tolist() == reference.tolist()
+    assert isinstance(output_cache(out), StaticCache)
+    assert out.speculative_stats.num_accepted_tokens > 0
+
+
+def test_a_tree_wider_than_the_estimate_grows_the_static_cache(zoo):
+    """The call sizes its cache for `max_length` plus k tokens; a tree of 3 siblings per depth needs more near the
+    end of a bucket, so the cache moves into the next bucket, its tokens kept."""
+    model = zoo.target("llama")
+    ids = torch.randint(1, model.config.vocab_size, (1, MIN_BUCKET - MAX_NEW_TOKENS - 3), generator=torch.Generator().manual_seed(0))
+    reference = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+    out = speculative_generate(model, ids, WrongFirstTreeDrafter(reference, 3, share_tokens=True),
+                               return_dict_in_generate=True, **STATIC)
+    assert out.sequences.tolist() == reference.tolist()
+    assert output_cache(out).layers[0].max_cache_len == 2 * MIN_BUCKET
+
+
+def test_compiled_token_trees_are_exact_in_few_graphs():
+    """Trees under compile: each step's query is padded to a multiple of k + 1 slots, so trees of 3 siblings per
+    depth (up to 9 nodes) run at widths 4, 8 and 12 only (dynamo's `"eager"` backend: graphs without code
+    generation), and their accepted paths (never the first nodes) are gathered in place."""
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps dynamo's counters
+    model = hs.enable(build_target("llama"))
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True
+    for name in ("repetitive", "random"):
+        ids = prompt_ids(name)
+        reference = plain_generate(model, ids)
+        out = model.generate(ids, candidate_generator=WrongFirstTreeDrafter(reference, 3, share_tokens=True),
+                             do_sample=False, max_new_tokens=MAX_NEW_TOKENS, compile_config=config,
+                             plain_floor=False, return_dict_in_generate=True, **STATIC)
+        assert out.sequences.tolist() == reference.tolist()
+        assert out.speculative_stats.num_accepted_tokens > MAX_NEW_TOKENS // 2
+    assert 1 <= counters["stats"]["unique_graphs"] <= 3  # compiled, at most one graph per width
