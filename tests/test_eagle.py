@@ -82,7 +82,8 @@ class RecordingEagle(EagleDrafter):
 def run(target, folder, prompt="random", **drafter_kwargs):
     drafter = RecordingEagle.from_pretrained(str(folder), **drafter_kwargs)
     drafter.first_tokens = {}
-    out = speculative_generate(target, prompt_ids(prompt), drafter, return_dict_in_generate=True)
+    out = speculative_generate(target, prompt_ids(prompt), drafter, return_dict_in_generate=True,
+                               plain_floor=False)  # every step drafts: the floor reads the clock
     return out, drafter
 
 
