@@ -41,18 +41,26 @@ def compiles(model, cache, generation_config) -> bool:
         compile_config is not None and compile_config._compile_all_devices)
 
 
-def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
-    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
-    when the call runs eagerly: `compiles` says no, a quantizer cannot compile, a model is spread over devices with
-    CPU or disk offload (as transformers decides), or the drafter reads the target's hidden states (EAGLE, Medusa:
-    `target.FeatureCapture` adds hooks to each forward, which are kept out of compiled graphs: dynamo does not guard
-    module hooks by default, and hooks inside an inductor graph are not tested here)."""
-    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
-        return None
+def compiled_call(model, generation_config) -> Callable | None:
+    """`model.get_compiled_call(generation_config.compile_config)`, the compiled `model.__call__` transformers' plain
+    decoding runs, or `None` where transformers would not compile `model` (quantizers and offloading aside from
+    `compiles`): a quantizer that cannot compile, or a model spread over devices with CPU or disk offload."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not quantizer.is_compileable:
         return None
     devices = set(getattr(model, "hf_device_map", {}).values())
     if "disk" in devices or ("cpu" in devices and len(devices) > 1):
         return None
-    return CompiledSteps(model.get_compiled_call(generation_config.compile_config), drafter.num_draft_tokens + 1)
+    return model.get_compiled_call(generation_config.compile_config)
+
+
+def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
+    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
+    when the call runs eagerly: `compiles` says no, `compiled_call` finds the model cannot compile, or the drafter
+    reads the target's hidden states (EAGLE, Medusa: `target.FeatureCapture` adds hooks to each forward, which are
+    kept out of compiled graphs: dynamo does not guard module hooks by default, and hooks inside an inductor graph
+    are not tested here)."""
+    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
+        return None
+    forward = compiled_call(model, generation_config)
+    return None if forward is None else CompiledSteps(forward, drafter.num_draft_tokens + 1)

@@ -11,6 +11,7 @@ from transformers import CompileConfig, DynamicCache, StaticCache
 import hf_speculators as hs
 from hf_speculators.compiled import compiled_steps, compiles
 from hf_speculators.drafters.base import TargetNeeds
+from hf_speculators.drafters.draft_model import DraftModelDrafter
 from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
 from speculative_helpers import PROMPTS, plain_generate
 from tiny_models import build_noisy_copy, build_target
@@ -47,7 +48,8 @@ def test_compiles_as_transformers_decides(zoo):
 
 def test_no_recompilation_after_warm_up():
     """Calls with new prompt lengths, draft lengths that change every step (the goodput schedule, budgets cut by
-    max_length) and rejections: the first call compiles one graph for its steps, later calls compile nothing."""
+    max_length) and rejections: the first call compiles the graphs of its steps, the target's and the draft model's,
+    later calls compile nothing."""
     torch._dynamo.reset()
     counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
     model = hs.enable(build_target("llama"))
@@ -64,7 +66,34 @@ def test_no_recompilation_after_warm_up():
         lengths.update(k for k, steps in enumerate(out.speculative_stats.draft_lengths) if steps)
         graphs.append(unique_graphs())
     assert len(lengths) > 2  # drafts of several lengths ran
-    assert graphs == [1] * len(prompts)  # one graph, compiled in the first call (a new width would add one)
+    # compiled in the first call: the draft model's one-token forwards, and the k + 1 slots of the target's verify
+    # forward and the draft's catch-up (one graph: the noisy copy has the target's sizes, and parameters are graph
+    # inputs); eager drafting would count 1, a new width or batch size one more
+    assert graphs == [2] * len(prompts)
+
+
+def test_hybrid_catch_up_is_exact(monkeypatch):
+    """After steps the suffix drafter drafted, the compiled draft model catches up with more than k + 1 tokens (the
+    excess eagerly, then its fixed-width compiled forward): plain greedy output, no graph after the first call."""
+    torch._dynamo.reset()
+    counters.clear()
+    fed = []
+    catch_up = DraftModelDrafter._catch_up
+    monkeypatch.setattr(DraftModelDrafter, "_catch_up",
+                        lambda self, state, new_ids, device: fed.append(max(map(len, new_ids)))
+                        or catch_up(self, state, new_ids, device))
+    model = hs.enable(build_target("llama"))
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8),
+                               hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=2))
+    graphs = []
+    for name in ("repetitive", "random"):
+        ids = torch.tensor([PROMPTS[name] * 3])
+        out = model.generate(ids, candidate_generator=drafter, do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
+                             plain_floor=False, cache_implementation="static", compile_config=compile_config("eager"))
+        assert out.tolist() == plain_generate(model, ids).tolist()
+        graphs.append(unique_graphs())
+    assert max(fed) > 3  # a catch-up longer than the compiled width ran
+    assert graphs[1] == graphs[0]
 
 
 def test_exact_under_inductor():
