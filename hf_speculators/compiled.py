@@ -5,9 +5,11 @@ The switch is transformers' own (`GenerationMixin._valid_auto_compile_criteria` 
 TPU device, or any device when `generation_config.compile_config._compile_all_devices` is set (how the bench
 compiles on the CPU, for plain decoding and ours alike). The forward is `model.get_compiled_call(compile_config)`,
 the one transformers' plain decoding uses. Prefill forwards (each prompt's own length) run eagerly; every decoding
-step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fixed verify width), its masks span
+step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fixed verify width; a hybrid's
+to the smallest of its two drafters' widths that holds it, `Drafter.draft_lengths`), its masks span
 the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
-cache length bucket (`static_cache.length_bucket`).
+cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
+(`RaggedCache(fixed_rows=True)`). The draft model's forwards compile the same way (`DraftModelDrafter`).
 """
 
 from collections.abc import Callable
@@ -24,11 +26,12 @@ class CompiledSteps:
 
     Args:
         forward (`Callable`): the compiled `model.__call__` (`PreTrainedModel.get_compiled_call`).
-        num_query (`int`): the query width every step is padded to (a chain: its draft length plus the pending token).
+        widths (`tuple[int, ...]`): the query widths a step is padded to, increasing (each a draft length of
+            `Drafter.draft_lengths` plus the pending token; past the last, a multiple of it): each a compiled graph.
     """
 
     forward: Callable
-    num_query: int
+    widths: tuple[int, ...]
 
 
 def compiles(model, cache, generation_config) -> bool:
@@ -63,4 +66,4 @@ def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | 
     if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
         return None
     forward = compiled_call(model, generation_config)
-    return None if forward is None else CompiledSteps(forward, drafter.num_draft_tokens + 1)
+    return None if forward is None else CompiledSteps(forward, tuple(n + 1 for n in drafter.draft_lengths))

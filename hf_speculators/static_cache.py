@@ -105,8 +105,8 @@ def store_slots(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
 
 
 def select_rows(cache, rows: torch.LongTensor) -> None:
-    """Keeps the batch rows `rows` of every static layer of `cache` (new tensors, marked static again: a
-    compiled forward sees one graph per batch size)."""
+    """Keeps the batch rows `rows` of every static layer of `cache` (new tensors, marked static again), for a static
+    cache run eagerly: compiled calls keep finished rows in place (`RaggedCache(fixed_rows=True)`), one batch size."""
     for layer in cache.layers:
         if layer.is_initialized:
             index = rows.to(layer.keys.device)

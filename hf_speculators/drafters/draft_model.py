@@ -236,7 +236,8 @@ class DraftModelDrafter(Drafter):
                 check_batch_support(cache, self.draft_model.config, state.generation_config.max_length)
             except ValueError as error:
                 raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
-        state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool))
+        state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool),
+                                        fixed_rows=state.compiled_call is not None)
         state.draft_device = self.draft_model.device
         state.cached_ids = [torch.empty(0, dtype=torch.long, device=state.draft_device)] * state.batch_size
 
