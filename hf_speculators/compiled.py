@@ -44,26 +44,31 @@ def compiles(model, cache, generation_config) -> bool:
         compile_config is not None and compile_config._compile_all_devices)
 
 
-def compiled_call(model, generation_config) -> Callable | None:
-    """`model.get_compiled_call(generation_config.compile_config)`, the compiled `model.__call__` transformers' plain
-    decoding runs, or `None` where transformers would not compile `model` (quantizers and offloading aside from
-    `compiles`): a quantizer that cannot compile, or a model spread over devices with CPU or disk offload."""
+def compilable(model) -> bool:
+    """Whether transformers would compile `model` (quantizers and offloading; the rest is `compiles`): not with a
+    quantizer that cannot compile, nor spread over devices with CPU or disk offload."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not quantizer.is_compileable:
-        return None
+        return False
     devices = set(getattr(model, "hf_device_map", {}).values())
-    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
-        return None
-    return model.get_compiled_call(generation_config.compile_config)
+    return not ("disk" in devices or ("cpu" in devices and len(devices) > 1))
+
+
+def run_draft_model(model, **kwargs):
+    """`model(**kwargs)`: the frame a draft model's forwards compile as (`DraftModelDrafter`), a code object of its
+    own. Compiling `model.__call__` instead would share dynamo's cache of that code object, and its limit of
+    `torch._dynamo.config.recompile_limit` (8) graphs, with the target's graphs and transformers' plain decoding's:
+    past it dynamo runs the frame eagerly."""
+    return model(**kwargs)
 
 
 def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
     """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
-    when the call runs eagerly: `compiles` says no, `compiled_call` finds the model cannot compile, or the drafter
+    when the call runs eagerly: `compiles` or `compilable` says no, or the drafter
     reads the target's hidden states (EAGLE, Medusa: `target.FeatureCapture` adds hooks to each forward, which are
     kept out of compiled graphs: dynamo does not guard module hooks by default, and hooks inside an inductor graph
     are not tested here)."""
-    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
+    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features or not compilable(model):
         return None
-    forward = compiled_call(model, generation_config)
-    return None if forward is None else CompiledSteps(forward, tuple(n + 1 for n in drafter.draft_lengths))
+    return CompiledSteps(model.get_compiled_call(generation_config.compile_config),
+                         tuple(n + 1 for n in drafter.draft_lengths))

@@ -64,14 +64,14 @@ class Query:
         rows = [torch.cat([pending[i : i + 1], draft.token_ids.to(pending.device)]
                           + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
                 for i, draft in enumerate(drafts)]
-        widths = [len(row) for row in rows]
-        num_query, batch_size = max(widths), len(drafts)
+        lengths = [len(row) for row in rows]
+        num_query, batch_size = max(lengths), len(drafts)
         if widths:
             num_query = next((width for width in widths if width >= num_query),
                              -(-num_query // widths[-1]) * widths[-1])
         input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
         input_ids = torch.nn.functional.pad(input_ids, (0, num_query - input_ids.shape[1]), value=pad_token_id)
-        valid = torch.arange(num_query) < torch.tensor(widths)[:, None]
+        valid = torch.arange(num_query) < torch.tensor(lengths)[:, None]
         num_verified = [1 + draft.num_nodes for draft in drafts]
         if not any(not draft.is_chain or draft.num_extra for draft in drafts):  # chains: slot j at offset j
             return cls(input_ids, valid, torch.arange(num_query).expand(batch_size, -1), None, num_verified)
@@ -83,9 +83,9 @@ class Query:
             offsets[i, 1 : 1 + n] = draft.tree.depths.cpu() + 1
             visible[i, 1 : 1 + n, 1 : 1 + n] = draft.tree.ancestors.cpu()
             if draft.num_extra:
-                extra = slice(1 + n, widths[i])
+                extra = slice(1 + n, lengths[i])
                 offsets[i, extra] = draft.extra_offsets.cpu()
-                visible[i, extra, : widths[i]] = draft.extra_visible.cpu()
+                visible[i, extra, : lengths[i]] = draft.extra_visible.cpu()
         return cls(input_ids, valid, offsets, visible & valid[:, None, :], num_verified)
 
 

@@ -69,10 +69,10 @@ def test_no_recompilation_after_warm_up():
         lengths.update(k for k, steps in enumerate(out.speculative_stats.draft_lengths) if steps)
         graphs.append(unique_graphs())
     assert len(lengths) > 2  # drafts of several lengths ran
-    # compiled in the first call: the draft model's one-token forwards, and the k + 1 slots of the target's verify
-    # forward and the draft's catch-up (one graph: the noisy copy has the target's sizes, and parameters are graph
-    # inputs); eager drafting would count 1, a new width or batch size one more
-    assert graphs == [2] * len(prompts)
+    # compiled in the first call: the target's verify forward of k + 1 slots, the draft model's one-token forwards
+    # and its catch-up of k + 1 slots (`compiled.run_draft_model`); eager drafting would count 1, a new width or
+    # batch size one more
+    assert graphs == [3] * len(prompts)
 
 
 def test_hybrid_catch_up_is_exact(monkeypatch):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import DEFAULT_MAX_HOLES, RaggedCache, check_batch_support, prepare_cache
-from ..compiled import compiled_call, compiles
+from ..compiled import compilable, compiles, run_draft_model
 from ..draft import Draft
 from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
@@ -91,8 +91,8 @@ class DraftModelState(DraftState):
             `None` when the draft shares the target's vocabulary.
         draft_per_target (`float`): draft tokens per target token of the same text (a bridge's; measured on the
             first committed tokens), which sets how many draft tokens make a greedy draft of a given length.
-        compiled_call (`Callable`, *optional*): when the call compiles, the draft model's compiled `__call__`
-            (`compiled.compiled_call`), which runs every draft forward after the prefill over a static draft cache;
+        compiled_call (`Callable`, *optional*): when the call compiles, the draft model's compiled forward
+            (`compiled.run_draft_model`), which runs every draft forward after the prefill over a static draft cache;
             `None`: eager forwards.
         catch_up_width (`int`): with `compiled_call`, the query width of the compiled catch-up forward over each
             row's newly committed tokens (`num_draft_tokens + 1`, the most a step commits).
@@ -179,6 +179,7 @@ class DraftModelDrafter(Drafter):
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
         self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
+        self._compiled = None  # (compile_config, compiled `run_draft_model`): one compiled function per configuration
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -252,9 +253,14 @@ class DraftModelDrafter(Drafter):
             return None
         num_slots = config.max_length + self.num_draft_tokens + (DEFAULT_MAX_HOLES if state.batch_size > 1 else 0)
         cache = draft_static_cache(self.draft_model.config, num_slots)
-        state.compiled_call = None if cache is None else compiled_call(self.draft_model, config)
+        if cache is None or not compilable(self.draft_model):
+            return None
+        if self._compiled is None or self._compiled[0] != config.compile_config:  # kept: a new one would recompile
+            self._compiled = (config.compile_config, torch.compile(run_draft_model, **config.compile_config.to_dict()))
+        compiled, model = self._compiled[1], self.draft_model
+        state.compiled_call = lambda **kwargs: compiled(model, **kwargs)
         state.catch_up_width = self.num_draft_tokens + 1
-        return cache if state.compiled_call is not None else None
+        return cache
 
     def _logits(self, state: DraftModelState, query: Query, num_logits: int | None, device,
                 call: Callable | None = None) -> torch.FloatTensor:
