@@ -1,5 +1,6 @@
 """Where a compiled speculative step's time goes, on one prompt: a profile of one warmed-up call, then interleaved
-medians of plain (eager), plain-compiled and ours compiled (demo target, demo draft model).
+medians of plain (eager), plain-compiled and ours compiled (demo target, demo draft model). Prints each warm-up
+call's seconds and dynamo's compile seconds per graph first (`TORCHINDUCTOR_CACHE_DIR=<an empty folder>`: cold).
 
     python examples/compiled_step_profile.py [--prompt-index 0] [--max-new-tokens 64] [--num-draft-tokens 3] \\
         [--repeats 5]
@@ -12,6 +13,7 @@ import statistics
 import time
 
 import torch
+from torch._dynamo.utils import compile_times
 
 import hf_speculators as hs
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
@@ -34,8 +36,11 @@ def main():
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     runs = {"plain": common, "plain-compiled": {**common, **compiled_kwargs(model)},
             "ours compiled": {**common, **compiled_kwargs(model), "candidate_generator": drafter}}
-    for kwargs in runs.values():  # warm-up: compiles
+    for label, kwargs in runs.items():  # warm-up: compiles (plain-compiled one graph, ours the target's and the draft's)
+        start = time.perf_counter()
         model.generate(ids, **kwargs)
+        print(f"first call, compiling included: {label} {time.perf_counter() - start:.1f} s")
+    print("dynamo's seconds per compiled graph, in compile order:", compile_times(repr="str"))
     profile = cProfile.Profile()
     profile.enable()
     out = model.generate(ids, return_dict_in_generate=True, **runs["ours compiled"])
@@ -44,6 +49,9 @@ def main():
     print(f"prompt {args.prompt_index} ({ids.shape[1]} tokens), {stats.num_steps} steps for {stats.num_generated_tokens} "
           f"tokens; the profile's top functions by total time (the compiled graph is inductor's `call`):")
     pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    print("the step's stages, cumulative: drafting, the draft model's catch-up, the target's forward, verification")
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(
+        r"draft_model.py.*\((propose|_catch_up)\)|target.py.*\(__call__\)|loop.py.*\((_verify_and_commit|_keep_slots)\)")
     seconds = {label: [] for label in runs}
     for _ in range(args.repeats):
         for label, kwargs in runs.items():  # interleaved

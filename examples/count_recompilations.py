@@ -3,8 +3,10 @@
 The demo target and a preset run greedy with a static cache and transformers' compile switch, compiled with dynamo's
 `"eager"` backend (graphs captured and guarded as under inductor, no code generated: the count is inductor's, at a
 fraction of its time). Each call's prompt length, the goodput schedule's draft lengths and the rows' rejections
-change from call to call; after the first call (the warm-up) no new graph should appear, except for a new cache
-length bucket (`hf_speculators.static_cache.length_bucket`) or batch size. Prints the graph count after every call.
+change from call to call. The warm-up runs the first prompt of each cache length bucket the run meets
+(`hf_speculators.static_cache.length_bucket`: each bucket is a new cache shape, as the bench warms up every batch's
+shape) twice: the second time a hybrid's suffix decoding drafts from the first call's output, so its longer verify
+width compiles as well. After the warm-up no new graph should appear. Prints the graph count after the warm-up and after every call.
 
     python examples/count_recompilations.py [--limit 30] [--max-new-tokens 64] [--preset demo-hybrid] \\
         [--schedule goodput] [--batch-size 1]
@@ -38,21 +40,34 @@ def main():
     compile_config._compile_all_devices = True
     encoded = [encode_truncated(tokenizer, p.text, False, 512, model.device)
                for p in load_prompts("spec-bench", limit=args.limit)]
-    graphs, buckets = [], []
-    for batch in make_batches(encoded, args.batch_size, pad_token(tokenizer)):
-        padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
-                                                           "pad_token_id": batch.pad_token_id}
-        out = model.generate(batch.input_ids, speculative_config=config, tokenizer=tokenizer, do_sample=False,
-                             max_new_tokens=args.max_new_tokens, num_draft_tokens_schedule=args.schedule,
-                             cache_implementation="static", compile_config=compile_config, **padding)
-        plain = model.generate(batch.input_ids, do_sample=False, max_new_tokens=args.max_new_tokens, **padding)
-        assert torch.equal(out, plain), "the compiled loop's output differs from plain greedy decoding"
+    batches = make_batches(encoded, args.batch_size, pad_token(tokenizer))
+    extra = config.build(model, tokenizer)[0].num_draft_tokens + (32 if args.batch_size > 1 else 0)  # `decoding.generate`'s slots
+    first_of_bucket = {}
+    for batch in batches:
+        first_of_bucket.setdefault(length_bucket(batch.input_ids.shape[1] + args.max_new_tokens + extra), batch)
+    run = lambda batch: check(model, tokenizer, config, compile_config, batch, args)  # noqa: E731
+    for batch in first_of_bucket.values():
+        run(batch)
+        run(batch)
+    warm = counters["stats"]["unique_graphs"]
+    graphs = []
+    for batch in batches:
+        run(batch)
         graphs.append(counters["stats"]["unique_graphs"])
-        buckets.append(length_bucket(batch.input_ids.shape[1] + args.max_new_tokens + 4))
     print(f"{args.preset}, {args.schedule} schedule, {len(graphs)} calls of batch {args.batch_size}, "
-          f"{args.max_new_tokens} new tokens: graphs after each call {graphs}")
-    print(f"cache length buckets (approximate) {sorted(set(buckets))}; new graphs after the first call: "
-          f"{graphs[-1] - graphs[0]}")
+          f"{args.max_new_tokens} new tokens; cache length buckets {sorted(first_of_bucket)}, warmed up on two "
+          f"calls each: {warm} graphs; after each call {graphs}; new graphs after the warm-up: {graphs[-1] - warm}")
+
+
+def check(model, tokenizer, config, compile_config, batch, args) -> None:
+    """One compiled speculative call on `batch`, checked against plain greedy decoding."""
+    padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
+                                                       "pad_token_id": batch.pad_token_id}
+    out = model.generate(batch.input_ids, speculative_config=config, tokenizer=tokenizer, do_sample=False,
+                         max_new_tokens=args.max_new_tokens, num_draft_tokens_schedule=args.schedule,
+                         cache_implementation="static", compile_config=compile_config, **padding)
+    plain = model.generate(batch.input_ids, do_sample=False, max_new_tokens=args.max_new_tokens, **padding)
+    assert torch.equal(out, plain), "the compiled loop's output differs from plain greedy decoding"
 
 
 if __name__ == "__main__":

@@ -263,11 +263,16 @@ class RaggedCache:
         full_masks (`bool`, defaults to `False`): give every forward with holes the 4D mask of each row's own tokens
             (`additive_mask`), never a 2D one: a sliding-window model builds its window from a 2D mask over cache
             slots, holes included, which would hide a row's own earlier tokens (see `check_batch_support`).
+        fixed_rows (`bool`, defaults to `False`): rows that leave (`select`) keep their place in the cache's tensors,
+            as rows every forward fills with a dummy query (`to_batch`), so that a compiled forward keeps one batch
+            size per call; the rows this object describes (`valid`, `lengths`, `rows`) are the live rows only.
     """
 
     def __init__(self, cache: DynamicCache, valid: torch.BoolTensor, max_holes: int = DEFAULT_MAX_HOLES,
-                 rows: list[int] | None = None, full_masks: bool = False):
+                 rows: list[int] | None = None, full_masks: bool = False, fixed_rows: bool = False):
         self.cache, self.valid, self.max_holes, self.full_masks = cache, valid, max_holes, full_masks
+        self._places = torch.arange(valid.shape[0]) if fixed_rows else None  # each live row's row in the tensors
+        self._num_places = valid.shape[0]
         self.static_width = static_length(cache) if is_static(cache) else None  # every forward's key slots
         self.lengths = valid.sum(dim=1)  # [batch_size] tokens each row holds
         self._holes = bool((~valid).any())
@@ -280,6 +285,22 @@ class RaggedCache:
     @property
     def num_slots(self) -> int:
         return self.valid.shape[1]
+
+    def to_batch(self, tensor: torch.Tensor, fill) -> torch.Tensor:
+        """`tensor` `(batch_size, ...)` of the live rows as the cache's tensors hold them: with `fixed_rows`, of the
+        call's first batch size, the rows that left holding `fill` (a value or a tensor of one row's shape)."""
+        if self._places is None or len(self._places) == self._num_places:  # no row has left
+            return tensor
+        batch = tensor.new_empty((self._num_places, *tensor.shape[1:]))
+        batch[:] = fill
+        batch[self._places.to(tensor.device)] = tensor
+        return batch
+
+    def from_batch(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The live rows `(batch_size, ...)` of `tensor`, a forward's output over the cache's rows (`to_batch`)."""
+        if self._places is None or len(self._places) == self._num_places:
+            return tensor
+        return tensor[self._places.to(tensor.device)]
 
     def inputs(self, new_valid: torch.BoolTensor) -> tuple[torch.LongTensor, torch.LongTensor]:
         """The `attention_mask` `(batch_size, num_slots + num_query)` and `position_ids` `(batch_size, num_query)` of
@@ -372,6 +393,7 @@ class RaggedCache:
     def _gather_tail(self, order: torch.LongTensor) -> None:
         """Reorders the last `order.shape[1]` slots of every row: new slot j of row i is old slot `order[i, j]`."""
         tail = slice(self.num_slots, self.num_slots + order.shape[1])  # the forward's slots, after the kept ones
+        order = self.to_batch(order, torch.arange(order.shape[1]))  # rows that left: kept as they are
         for layer in self.cache.layers:
             if layer.is_initialized:
                 layer.keys[..., tail, :] = _gather_slots(layer.keys[..., tail, :], order)
@@ -392,8 +414,11 @@ class RaggedCache:
         self._trim()
 
     def select(self, rows: torch.LongTensor) -> None:
-        """Keeps the batch rows `rows` (indices into the current batch), e.g. to drop finished sequences."""
-        if self.static_width is None:
+        """Keeps the batch rows `rows` (indices into the current batch), e.g. to drop finished sequences (with
+        `fixed_rows`, the others stay in the cache's tensors)."""
+        if self._places is not None:
+            self._places = self._places[rows]
+        elif self.static_width is None:
             self.cache.batch_select_indices(rows)
         else:
             select_rows(self.cache, rows)
@@ -425,6 +450,7 @@ class RaggedCache:
         # stable sort of 0/1: holes first, then the row's tokens in their order; the last `width` slots are kept
         num_slots = self.num_slots
         order = torch.sort(self.valid.to(torch.uint8), dim=1, stable=True).indices[:, num_slots - width:]
+        order = self.to_batch(order, torch.arange(num_slots - width, num_slots))  # rows that left: any slots
         for layer in self.cache.layers:
             if layer.is_initialized:
                 store_slots(layer, _gather_slots(layer.keys[..., :num_slots, :], order),

@@ -5,9 +5,11 @@ The switch is transformers' own (`GenerationMixin._valid_auto_compile_criteria` 
 TPU device, or any device when `generation_config.compile_config._compile_all_devices` is set (how the bench
 compiles on the CPU, for plain decoding and ours alike). The forward is `model.get_compiled_call(compile_config)`,
 the one transformers' plain decoding uses. Prefill forwards (each prompt's own length) run eagerly; every decoding
-step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fixed verify width), its masks span
+step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fixed verify width; a hybrid's
+to the smallest of its two drafters' widths that holds it, `Drafter.draft_lengths`), its masks span
 the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
-cache length bucket (`static_cache.length_bucket`).
+cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
+(`RaggedCache(fixed_rows=True)`). The draft model's forwards compile the same way (`DraftModelDrafter`).
 """
 
 from collections.abc import Callable
@@ -24,11 +26,12 @@ class CompiledSteps:
 
     Args:
         forward (`Callable`): the compiled `model.__call__` (`PreTrainedModel.get_compiled_call`).
-        num_query (`int`): the query width every step is padded to (a chain: its draft length plus the pending token).
+        widths (`tuple[int, ...]`): the query widths a step is padded to, increasing (each a draft length of
+            `Drafter.draft_lengths` plus the pending token; past the last, a multiple of it): each a compiled graph.
     """
 
     forward: Callable
-    num_query: int
+    widths: tuple[int, ...]
 
 
 def compiles(model, cache, generation_config) -> bool:
@@ -41,18 +44,31 @@ def compiles(model, cache, generation_config) -> bool:
         compile_config is not None and compile_config._compile_all_devices)
 
 
-def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
-    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
-    when the call runs eagerly: `compiles` says no, a quantizer cannot compile, a model is spread over devices with
-    CPU or disk offload (as transformers decides), or the drafter reads the target's hidden states (EAGLE, Medusa:
-    `target.FeatureCapture` adds hooks to each forward, which are kept out of compiled graphs: dynamo does not guard
-    module hooks by default, and hooks inside an inductor graph are not tested here)."""
-    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features:
-        return None
+def compilable(model) -> bool:
+    """Whether transformers would compile `model` (quantizers and offloading; the rest is `compiles`): not with a
+    quantizer that cannot compile, nor spread over devices with CPU or disk offload."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and not quantizer.is_compileable:
-        return None
+        return False
     devices = set(getattr(model, "hf_device_map", {}).values())
-    if "disk" in devices or ("cpu" in devices and len(devices) > 1):
+    return not ("disk" in devices or ("cpu" in devices and len(devices) > 1))
+
+
+def run_draft_model(model, **kwargs):
+    """`model(**kwargs)`: the frame a draft model's forwards compile as (`DraftModelDrafter`), a code object of its
+    own. Compiling `model.__call__` instead would share dynamo's cache of that code object, and its limit of
+    `torch._dynamo.config.recompile_limit` (8) graphs, with the target's graphs and transformers' plain decoding's:
+    past it dynamo runs the frame eagerly."""
+    return model(**kwargs)
+
+
+def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
+    """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
+    when the call runs eagerly: `compiles` or `compilable` says no, or the drafter
+    reads the target's hidden states (EAGLE, Medusa: `target.FeatureCapture` adds hooks to each forward, which are
+    kept out of compiled graphs: dynamo does not guard module hooks by default, and hooks inside an inductor graph
+    are not tested here)."""
+    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features or not compilable(model):
         return None
-    return CompiledSteps(model.get_compiled_call(generation_config.compile_config), drafter.num_draft_tokens + 1)
+    return CompiledSteps(model.get_compiled_call(generation_config.compile_config),
+                         tuple(n + 1 for n in drafter.draft_lengths))

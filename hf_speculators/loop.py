@@ -24,7 +24,8 @@ class SpeculativeLoop:
     Each step every running row gets its own draft (a chain or a token tree), one target forward scores every row's
     pending token and draft (`Query`), each row is verified on its own and keeps its accepted tokens in the
     `RaggedCache`, and the drafter is handed what it reads of that forward (`StepFeedback`). A row that meets a
-    stopping criterion leaves the batch: no more drafting or target compute. Rows are kept with their left
+    stopping criterion leaves the batch: no more drafting, and no more target compute when eager (compiled, it
+    keeps its place in the forwards' tensors as a dummy row, so that one graph serves the call). Rows are kept with their left
     padding, as plain `generate` sees them, so `max_length`, the stopping criteria and the logits processors treat
     each row as a plain batched call would (`row_processors`); drafters and verifiers see a row without padding.
     With one row the cache never keeps a hole, the target runs with its own causal mask for chains, and the
@@ -77,7 +78,8 @@ class SpeculativeLoop:
         truncate(cache, input_ids.shape[1] - 1)
         num_cached = seq_length(cache)
         self.cache = RaggedCache(cache, torch.ones(batch_size, num_cached, dtype=torch.bool), self.max_holes,
-                                 full_masks=batch_size > 1 and bool(declared_windows(self.model.config)))
+                                 full_masks=batch_size > 1 and bool(declared_windows(self.model.config)),
+                                 fixed_rows=self.compiled is not None)  # compiled: one batch size per call
         self.running = list(range(batch_size))  # the rows that have not finished (the cache's rows)
         self.state = self.drafter.new_state(
             self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,
@@ -114,7 +116,7 @@ class SpeculativeLoop:
         verify_start = clock(self.device)
         pending = torch.cat([self.sequences[row][0, -1:] for row in rows]).to(self.device)
         query = Query.from_drafts(pending, proposal.drafts, self.pad_token_id,
-                                  width_step=None if self.compiled is None else self.compiled.num_query)
+                                  widths=None if self.compiled is None else self.compiled.widths)
         output = self.target(self.cache, query, proposal.resume)  # logits [rows, num_query, vocab]
         outcomes = [self._verify_and_commit(row, draft, output.logits[i, : draft.num_nodes + 1], budgets[i])
                     for i, (row, draft) in enumerate(zip(rows, proposal.drafts))]

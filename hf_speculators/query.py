@@ -55,21 +55,23 @@ class Query:
 
     @classmethod
     def from_drafts(cls, pending: torch.LongTensor, drafts: Sequence[Draft], pad_token_id: int,
-                    width_step: int | None = None) -> "Query":
+                    widths: Sequence[int] | None = None) -> "Query":
         """The verification query of a step: each row's pending token `pending[i]` (shape `(batch_size,)`), its
-        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row, and with `width_step`
-        to the next multiple of `width_step` slots (compiled steps run at a few widths: `k + 1` while drafts keep
-        to the drafter's `k` tokens, `compiled.CompiledSteps.num_query`)."""
+        draft's nodes and unverified tokens, padded with `pad_token_id` to the widest row, and with `widths`
+        (increasing) to the smallest of them that holds it, past the last to a multiple of the last (compiled
+        steps run at a few widths: `k + 1` while drafts keep to the drafter's `k` tokens,
+        `compiled.CompiledSteps.widths`)."""
         rows = [torch.cat([pending[i : i + 1], draft.token_ids.to(pending.device)]
                           + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
                 for i, draft in enumerate(drafts)]
-        widths = [len(row) for row in rows]
-        num_query, batch_size = max(widths), len(drafts)
-        if width_step:
-            num_query = -(-num_query // width_step) * width_step
+        lengths = [len(row) for row in rows]
+        num_query, batch_size = max(lengths), len(drafts)
+        if widths:
+            num_query = next((width for width in widths if width >= num_query),
+                             -(-num_query // widths[-1]) * widths[-1])
         input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
         input_ids = torch.nn.functional.pad(input_ids, (0, num_query - input_ids.shape[1]), value=pad_token_id)
-        valid = torch.arange(num_query) < torch.tensor(widths)[:, None]
+        valid = torch.arange(num_query) < torch.tensor(lengths)[:, None]
         num_verified = [1 + draft.num_nodes for draft in drafts]
         if not any(not draft.is_chain or draft.num_extra for draft in drafts):  # chains: slot j at offset j
             return cls(input_ids, valid, torch.arange(num_query).expand(batch_size, -1), None, num_verified)
@@ -81,9 +83,9 @@ class Query:
             offsets[i, 1 : 1 + n] = draft.tree.depths.cpu() + 1
             visible[i, 1 : 1 + n, 1 : 1 + n] = draft.tree.ancestors.cpu()
             if draft.num_extra:
-                extra = slice(1 + n, widths[i])
+                extra = slice(1 + n, lengths[i])
                 offsets[i, extra] = draft.extra_offsets.cpu()
-                visible[i, extra, : widths[i]] = draft.extra_visible.cpu()
+                visible[i, extra, : lengths[i]] = draft.extra_visible.cpu()
         return cls(input_ids, valid, offsets, visible & valid[:, None, :], num_verified)
 
 
@@ -113,8 +115,9 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
     cache.reserve(input_ids.shape[1])
     attention_mask, position_ids = cache.query_inputs(query, model.dtype)
     extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
-    return (call or model)(
-        input_ids=input_ids, use_cache=True, **{cache_argument(model): cache.cache},
-        attention_mask=None if attention_mask is None else attention_mask.to(input_ids.device),
-        position_ids=position_ids.to(input_ids.device), **extra,
-    ).logits
+    if attention_mask is not None:  # rows that left a `fixed_rows` cache see every slot (a 2D mask's 1, a 4D mask's 0)
+        attention_mask = cache.to_batch(attention_mask.to(input_ids.device), int(not attention_mask.is_floating_point()))
+    return cache.from_batch((call or model)(
+        input_ids=cache.to_batch(input_ids, 0), use_cache=True, **{cache_argument(model): cache.cache},
+        attention_mask=attention_mask, position_ids=cache.to_batch(position_ids.to(input_ids.device), 0), **extra,
+    ).logits)

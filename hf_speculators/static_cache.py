@@ -37,6 +37,23 @@ def static_length(cache) -> int:
     return cache.layers[0].max_cache_len
 
 
+def _not_full_attention(cache) -> list[str]:
+    """The names of `cache`'s layer classes that are not full-attention `StaticLayer`s."""
+    return sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+
+
+def bucketed_cache(config, num_slots: int) -> StaticCache:
+    """A new `StaticCache` for a model of `config` of `length_bucket(num_slots)` slots per row."""
+    return StaticCache(config=config, max_cache_len=length_bucket(num_slots))
+
+
+def draft_static_cache(config, num_slots: int) -> StaticCache | None:
+    """A draft model's `bucketed_cache`, or `None` when its layers are not all full-attention `StaticLayer`s
+    (sliding windows: the draft model then runs eagerly on its dynamic cache)."""
+    cache = bucketed_cache(config, num_slots)
+    return None if _not_full_attention(cache) else cache
+
+
 def prepare_static_cache(cache, config, num_slots: int):
     """A static cache that holds `num_slots` slots per row: when `cache` is empty (as `cache_implementation="static"`
     makes it, of `max_length - 1` slots or an earlier call's length: too few for a draft, or not a bucket), a new
@@ -47,7 +64,7 @@ def prepare_static_cache(cache, config, num_slots: int):
         `ValueError`: layers other than full-attention `StaticLayer`s (a sliding window keeps only its last tokens
             and rolls them over, which a length reset cannot undo), or a prefilled cache shorter than `num_slots`.
     """
-    refused = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+    refused = _not_full_attention(cache)
     if refused:
         raise ValueError(
             f"Speculative decoding with a static cache needs full-attention StaticLayer layers; this cache has "
@@ -55,7 +72,7 @@ def prepare_static_cache(cache, config, num_slots: int):
             "cache (drop cache_implementation='static') for this model."
         )
     if int(cache.get_seq_length()) == 0:
-        return StaticCache(config=config, max_cache_len=length_bucket(num_slots))
+        return bucketed_cache(config, num_slots)
     if static_length(cache) < num_slots:
         raise ValueError(
             f"The static cache passed holds {static_length(cache)} slots per row, fewer than the {num_slots} this "
@@ -113,8 +130,8 @@ def ensure_room(cache, num_slots: int) -> bool:
 
 
 def select_rows(cache, rows: torch.LongTensor) -> None:
-    """Keeps the batch rows `rows` of every static layer of `cache` (new tensors, marked static again: a
-    compiled forward sees one graph per batch size)."""
+    """Keeps the batch rows `rows` of every static layer of `cache` (new tensors, marked static again), for a static
+    cache run eagerly: compiled calls keep finished rows in place (`RaggedCache(fixed_rows=True)`), one batch size."""
     for layer in cache.layers:
         if layer.is_initialized:
             index = rows.to(layer.keys.device)

@@ -11,7 +11,9 @@ from transformers import CompileConfig, DynamicCache, StaticCache
 import hf_speculators as hs
 from hf_speculators.compiled import compiled_steps, compiles
 from hf_speculators.drafters.base import TargetNeeds
+from hf_speculators.drafters.draft_model import DraftModelDrafter
 from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
+from test_batch import BATCH_PROMPTS, batched, expected_batch
 from speculative_helpers import PROMPTS, plain_generate
 from tiny_models import build_noisy_copy, build_target
 
@@ -34,7 +36,9 @@ def test_compiles_as_transformers_decides(zoo):
     assert not compiles(model, static, config)  # a CPU without _compile_all_devices
     config = type(config)(compile_config=compile_config("eager"))
     assert compiles(model, static, config) and not compiles(model, DynamicCache(), config)
-    assert compiled_steps(model, static, config, hs.PromptLookupDrafter(3)).num_query == 4
+    assert compiled_steps(model, static, config, hs.PromptLookupDrafter(3)).widths == (4,)
+    hybrid = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8), hs.DraftModelDrafter(model, num_draft_tokens=3))
+    assert compiled_steps(model, static, config, hybrid).widths == (4, 9)
 
     class FeatureReader(hs.PromptLookupDrafter):  # reads hidden states, as EAGLE and Medusa heads do
         def target_needs(self, target):
@@ -47,7 +51,8 @@ def test_compiles_as_transformers_decides(zoo):
 
 def test_no_recompilation_after_warm_up():
     """Calls with new prompt lengths, draft lengths that change every step (the goodput schedule, budgets cut by
-    max_length) and rejections: the first call compiles one graph for its steps, later calls compile nothing."""
+    max_length) and rejections: the first call compiles the graphs of its steps, the target's and the draft model's,
+    later calls compile nothing."""
     torch._dynamo.reset()
     counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
     model = hs.enable(build_target("llama"))
@@ -64,7 +69,54 @@ def test_no_recompilation_after_warm_up():
         lengths.update(k for k, steps in enumerate(out.speculative_stats.draft_lengths) if steps)
         graphs.append(unique_graphs())
     assert len(lengths) > 2  # drafts of several lengths ran
-    assert graphs == [1] * len(prompts)  # one graph, compiled in the first call (a new width would add one)
+    # compiled in the first call: the target's verify forward of k + 1 slots, the draft model's one-token forwards
+    # and its catch-up of k + 1 slots (`compiled.run_draft_model`); eager drafting would count 1, a new width or
+    # batch size one more
+    assert graphs == [3] * len(prompts)
+
+
+def test_hybrid_catch_up_is_exact(monkeypatch):
+    """After steps the suffix drafter drafted, the compiled draft model catches up with more than k + 1 tokens (the
+    excess eagerly, then its fixed-width compiled forward): plain greedy output, no graph after the first call."""
+    torch._dynamo.reset()
+    counters.clear()
+    fed = []
+    catch_up = DraftModelDrafter._catch_up
+    monkeypatch.setattr(DraftModelDrafter, "_catch_up",
+                        lambda self, state, new_ids, device: fed.append(max(map(len, new_ids)))
+                        or catch_up(self, state, new_ids, device))
+    model = hs.enable(build_target("llama"))
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8),
+                               hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=2))
+    graphs = []
+    for name in ("repetitive", "random"):
+        ids = torch.tensor([PROMPTS[name] * 3])
+        out = model.generate(ids, candidate_generator=drafter, do_sample=False, max_new_tokens=MAX_NEW_TOKENS,
+                             plain_floor=False, cache_implementation="static", compile_config=compile_config("eager"))
+        assert out.tolist() == plain_generate(model, ids).tolist()
+        graphs.append(unique_graphs())
+    assert max(fed) > 3  # a catch-up longer than the compiled width ran
+    assert graphs[1] == graphs[0]
+
+
+def test_finished_rows_keep_the_batch_size(zoo):
+    """A batch whose rows finish at different steps runs the graphs of a batch whose rows all run to the end: rows
+    that finish keep their place in every compiled forward (the target's and the draft model's), so no new batch
+    size compiles; each row is its own plain greedy output."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = zoo.target("llama")
+    drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
+    settings = dict(cache_implementation="static", compile_config=compile_config("eager"), plain_floor=False)
+    out = batched(model, drafter, **settings)
+    assert torch.equal(out.sequences, expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS))
+    graphs = unique_graphs()
+    eos = int(zoo.reference("llama", "random", max_new_tokens=MAX_NEW_TOKENS)[0, len(PROMPTS["random"]) + 2])
+    out = batched(model, drafter, eos_token_id=eos, **settings)
+    expected = expected_batch(zoo, "llama", BATCH_PROMPTS, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    assert len({row.num_generated_tokens for row in out.speculative_stats.row_stats}) > 1  # a row left early
+    assert unique_graphs() == graphs
 
 
 def test_exact_under_inductor():

@@ -154,6 +154,12 @@ class Drafter(CandidateGenerator):
         """What this drafter reads from the target's forwards (default: nothing)."""
         return TargetNeeds()
 
+    @property
+    def draft_lengths(self) -> tuple[int, ...]:
+        """The draft lengths, increasing, a compiled call pads its verify query to (plus the pending token; each a
+        compiled graph, `compiled.CompiledSteps.widths`): default `(num_draft_tokens,)`."""
+        return (self.num_draft_tokens,)
+
     def draft_modules(self, target) -> tuple[torch.nn.Module, ...]:
         """The modules whose forwards this drafter runs to draft for `target` (its draft model or head, and any part
         of the target it calls outside the target's own forward), for a benchmark to time as model time; a module

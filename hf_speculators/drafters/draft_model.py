@@ -1,14 +1,17 @@
 """Drafting with a smaller causal LM of the same vocabulary, keeping its KV cache across steps."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from ..cache import RaggedCache, check_batch_support, prepare_cache
+from ..cache import DEFAULT_MAX_HOLES, RaggedCache, check_batch_support, prepare_cache
+from ..compiled import compilable, compiles, run_draft_model
 from ..draft import Draft
 from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
 from ..query import Query, forward
+from ..static_cache import allocated, draft_static_cache
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
 from ..quantization import QUANTIZATIONS
@@ -88,6 +91,11 @@ class DraftModelState(DraftState):
             `None` when the draft shares the target's vocabulary.
         draft_per_target (`float`): draft tokens per target token of the same text (a bridge's; measured on the
             first committed tokens), which sets how many draft tokens make a greedy draft of a given length.
+        compiled_call (`Callable`, *optional*): when the call compiles, the draft model's compiled forward
+            (`compiled.run_draft_model`), which runs every draft forward after the prefill over a static draft cache;
+            `None`: eager forwards.
+        catch_up_width (`int`): with `compiled_call`, the query width of the compiled catch-up forward over each
+            row's newly committed tokens (`num_draft_tokens + 1`, the most a step commits).
     """
 
     draft_cache: RaggedCache | None = None
@@ -96,6 +104,8 @@ class DraftModelState(DraftState):
     draft_device: torch.device | None = None
     bridge: TokenizerBridge | None = None
     draft_per_target: float = 0.0
+    compiled_call: Callable | None = None
+    catch_up_width: int = 0
 
     @property
     def translates_text(self) -> bool:
@@ -113,6 +123,12 @@ class DraftModelDrafter(Drafter):
     with that row's committed tokens and feeds only the tokens it has not seen, then drafts, one batched forward
     per draft token for all rows. There is no re-prefill and no nested `generate()` per step; a single sequence is
     a batch of one (no mask, the model's own causal attention).
+
+    When the call compiles (transformers' switch, as for the target: a static cache and `compile_config`,
+    `compiled.compiles`) and the draft shares the target's vocabulary, the draft cache is a `StaticCache` of a length
+    bucket and every draft forward after the prefill runs the draft model's compiled call at a fixed shape: the
+    one-token draft forwards, and the catch-up over each row's newly committed tokens padded to
+    `num_draft_tokens + 1` slots (`_catch_up`), so no step recompiles after warm-up.
 
     Draft scores go through the same logits processors and warpers as the target's, so with sampling the
     returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
@@ -163,6 +179,7 @@ class DraftModelDrafter(Drafter):
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
         self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
+        self._compiled = None  # (compile_config, compiled `run_draft_model`): one compiled function per configuration
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -214,23 +231,44 @@ class DraftModelDrafter(Drafter):
             if state.bridge is not None and state.do_sample:
                 state.bridge.vocabulary  # built (and checked) before any forward
         state.vocab_size = vocabulary_size(self.draft_model if state.target is None else state.target)
-        cache = prepare_cache(None, self.draft_model.config)
+        cache = self._compiled_cache(state) or prepare_cache(None, self.draft_model.config)
         if state.batch_size > 1:
             try:
                 check_batch_support(cache, self.draft_model.config, state.generation_config.max_length)
             except ValueError as error:
                 raise ValueError(f"The draft model cannot draft for a batch: {error}") from error
-        state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool))
+        state.draft_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool),
+                                        fixed_rows=state.compiled_call is not None)
         state.draft_device = self.draft_model.device
         state.cached_ids = [torch.empty(0, dtype=torch.long, device=state.draft_device)] * state.batch_size
 
-    def _logits(self, state: DraftModelState, query: Query, num_logits: int | None,
-                device) -> torch.FloatTensor:
-        """Runs the draft model over `query` after its cache, which then keeps the query's tokens; returns the
-        logits `(num_rows, num_logits or num_query, width)` on `device`: in the draft's own vocabulary when its text
-        is translated, else at the target's width (translated through the vocabulary intersection; or for one
-        vocabulary, extra columns dropped, missing ones at -inf)."""
-        logits = forward(self.draft_model, state.draft_cache, query, num_logits).to(device)
+    def _compiled_cache(self, state: DraftModelState):
+        """When the call compiles (the target's static cache and `compile_config`: `compiled.compiles`, the target's
+        own switch) and the draft shares the target's vocabulary, an empty static draft cache of a length bucket
+        (`static_cache.draft_static_cache`), with `state.compiled_call` set; else `None` (eager drafting on a
+        dynamic cache)."""
+        config = state.generation_config
+        if (state.cache is None or state.bridge is not None
+                or not compiles(state.target, state.cache.cache, config)):
+            return None
+        num_slots = config.max_length + self.num_draft_tokens + (DEFAULT_MAX_HOLES if state.batch_size > 1 else 0)
+        cache = draft_static_cache(self.draft_model.config, num_slots)
+        if cache is None or not compilable(self.draft_model):
+            return None
+        if self._compiled is None or self._compiled[0] != config.compile_config:  # kept: a new one would recompile
+            self._compiled = (config.compile_config, torch.compile(run_draft_model, **config.compile_config.to_dict()))
+        compiled, model = self._compiled[1], self.draft_model
+        state.compiled_call = lambda **kwargs: compiled(model, **kwargs)
+        state.catch_up_width = self.num_draft_tokens + 1
+        return cache
+
+    def _logits(self, state: DraftModelState, query: Query, num_logits: int | None, device,
+                call: Callable | None = None) -> torch.FloatTensor:
+        """Runs the draft model (`call`: compiled; default: eager) over `query` after its cache, which then keeps the
+        query's tokens; returns the logits `(num_rows, num_logits or num_query, width)` on `device`: in the draft's
+        own vocabulary when its text is translated, else at the target's width (translated through the vocabulary
+        intersection; or for one vocabulary, extra columns dropped, missing ones at -inf)."""
+        logits = forward(self.draft_model, state.draft_cache, query, num_logits, call).to(device)
         state.draft_cache.append(query.valid)
         if state.bridge is not None:
             return logits if state.translates_text else state.bridge.vocabulary.widen(logits)
@@ -250,9 +288,27 @@ class DraftModelDrafter(Drafter):
         kept = cache.keep_rows(list(rows))  # rows that finished leave
         reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, draft_ids)]
         cache.truncate(torch.tensor(reused))
-        new_ids, new_valid = right_aligned([ids[n:] for ids, n in zip(draft_ids, reused)])
+        new = [ids[n:] for ids, n in zip(draft_ids, reused)]
         state.cached_ids = draft_ids
-        return self._logits(state, Query.chain(new_ids, new_valid), 1, device)[:, -1]
+        if state.compiled_call is not None and allocated(cache.cache):
+            return self._catch_up(state, new, device)
+        return self._logits(state, Query.chain(*right_aligned(new)), 1, device)[:, -1]  # eager, or the prefill
+
+    def _catch_up(self, state: DraftModelState, new_ids: list[torch.LongTensor], device) -> torch.FloatTensor:
+        """Feeds each row's new tokens `new_ids[i]` `(n_i,)` compiled, at a fixed shape: its last `catch_up_width`
+        tokens in one compiled forward of that width (holes after a shorter row's tokens, then dropped by a length
+        reset), any tokens before them first in one eager forward (after steps the model-free drafter of a hybrid
+        drafted). Returns the logits `(len(new_ids), width)` after each row's last token (see `_logits`)."""
+        width = state.catch_up_width
+        early = [ids[:-width] for ids in new_ids]
+        if max(map(len, early)):
+            self._logits(state, Query.chain(*right_aligned(early)), 1, device)
+        late = [ids[-width:] for ids in new_ids]
+        lengths = torch.tensor([len(ids) for ids in late])
+        input_ids = torch.stack([torch.nn.functional.pad(ids, (0, width - len(ids))) for ids in late])
+        query = Query.chain(input_ids, torch.arange(width) < lengths[:, None])
+        logits = self._logits(state, query, None, device, state.compiled_call)  # [rows, width, vocab]
+        return logits[torch.arange(len(late), device=logits.device), (lengths - 1).to(logits.device)]
 
     def _in_draft_vocabulary(self, state: DraftModelState, input_ids) -> list[torch.LongTensor]:
         """Each row's committed tokens `(1, length_i)` in the draft's vocabulary `(length'_i,)`, on its device."""
@@ -298,7 +354,7 @@ class DraftModelDrafter(Drafter):
             feeding = [step + 1 < budget for budget in budgets]
             if any(feeding):
                 query = Query.chain(torch.stack(last), torch.tensor(feeding)[:, None])
-                logits = self._logits(state, query, 1, input_ids[0].device)[:, -1]
+                logits = self._logits(state, query, 1, input_ids[0].device, state.compiled_call)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
         state.cached_ids = [torch.cat([ids, *row_fed])[:length]
                             for ids, row_fed, length in zip(committed, fed, state.draft_cache.lengths.tolist())]

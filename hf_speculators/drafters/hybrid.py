@@ -134,6 +134,12 @@ class HybridDrafter(Drafter):
     def target_needs(self, target) -> TargetNeeds:
         return self.model_drafter.target_needs(target)
 
+    @property
+    def draft_lengths(self) -> tuple[int, ...]:
+        """Both drafters' draft lengths: a model draft's compiled verify forward does not pay for the model-free
+        drafter's longer drafts."""
+        return tuple(sorted({*self.model_free.draft_lengths, *self.model_drafter.draft_lengths}))
+
     def draft_modules(self, target) -> tuple:
         return self.model_free.draft_modules(target) + self.model_drafter.draft_modules(target)
 
