@@ -12,7 +12,7 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-MIN_CAPACITY = 64  # slots a buffer holds at least; a full buffer grows by half its size (amortized appends)
+MIN_CAPACITY = 64  # slots a new buffer has beyond what it holds at least; else room for half as many again
 
 
 class GrowingLayer(DynamicLayer):
@@ -20,12 +20,13 @@ class GrowingLayer(DynamicLayer):
 
     `keys` and `values` stay what `DynamicLayer` promises, tensors `(batch_size, num_heads, num_slots, head_dim)`,
     here views of the first `num_slots` slots of the buffers. Whoever replaces them (a compaction, a row selection,
-    an offload) makes the next update copy them into new buffers; a buffer too small for an update grows to one and
-    a half times what that update needs.
+    an offload) makes the next update copy them into new buffers. A new buffer (at the first update, or when one is
+    full) has room for half as many slots again as it holds (at least `MIN_CAPACITY` more), but no more than
+    `capacity`: memory stays within 1.5 times what the slots need, as `torch.cat` would briefly hold 2 times.
 
     Args:
-        capacity (`int`, *optional*): the slots to allocate at the first update (the most a call may write, when
-            known); at least what that update writes. Default: one and a half times that.
+        capacity (`int`, *optional*): the most slots the call may write (its `max_length` plus a draft), where known:
+            a call that writes them needs a single buffer.
     """
 
     def __init__(self, capacity: int | None = None, **kwargs):
@@ -45,9 +46,9 @@ class GrowingLayer(DynamicLayer):
     def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, num_slots: int) -> None:
         """New buffers of room for at least `num_slots` slots, holding the cached slots."""
         needed = num_slots + key_states.shape[-2]
-        capacity = max(needed, MIN_CAPACITY, self.capacity or 0)
-        if self._buffers is not None or self.capacity is None:  # growing past the plan, or no plan: room to grow
-            capacity = max(capacity, needed * 3 // 2)
+        capacity = needed + max(needed // 2, MIN_CAPACITY)  # room to grow by half
+        if self.capacity is not None:  # but no more than the call may write
+            capacity = min(capacity, max(self.capacity, needed))
         buffers = tuple(new.new_empty(*new.shape[:2], capacity, new.shape[-1]) for new in (key_states, value_states))
         if num_slots:
             buffers[0][..., :num_slots, :] = self.keys
