@@ -6,6 +6,16 @@ one-token forwards (plus what drafting costs). Timed in CPU seconds of this proc
 than wall time on a shared machine), median of `--reps`, one thread.
 
     python examples/forward_cost.py [--model hf_speculators/demo/target] [--context 200] [--sizes 2,4,9,17,25]
+
+With `--plain-step`, what a plain (one-token) step of the speculative loop costs beside transformers' own decoding
+step (each step appends its token, as decoding does), after the longest Spec-Bench prompt of `--category` that leaves room for `--max-new-tokens` (or prompt
+`--question-id`; 241, a summarization prompt of the bench's first 24, is 1,172 tokens of the demo tokenizer):
+transformers' step (`DynamicCache`, the 2D attention mask and position ids `generate` passes), the loop's step
+(`query.forward` over the `RaggedCache` that `prepare_cache` makes, of `GrowingLayer`s) and the same step over a
+plain `DynamicCache` (the loop before it used growing layers), interleaved, medians of `--reps`; then whole calls of
+`--max-new-tokens`: transformers' `generate()` against the loop with every step plain (a drafter that never drafts).
+
+    python examples/forward_cost.py --plain-step [--category summarization | --question-id 241] [--reps 30] [--calls 5]
 """
 
 import argparse
@@ -15,8 +25,11 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from hf_speculators.cache import cache_argument
-from hf_speculators.loading import DEMO_TARGET
+import hf_speculators as hs
+from hf_speculators.cache import RaggedCache, cache_argument, prepare_cache
+from hf_speculators.loading import DEMO_TARGET, load_tokenizer
+from hf_speculators.prompts import load_prompts
+from hf_speculators.query import Query, forward
 
 
 def seconds(model, cache, num_query: int, reps: int, vocab_size: int) -> float:
@@ -31,15 +44,86 @@ def seconds(model, cache, num_query: int, reps: int, vocab_size: int) -> float:
     return statistics.median(times)
 
 
+class NeverDrafter(hs.Drafter):
+    """Proposes nothing: every step of the loop is a plain one-token step."""
+
+    name = "never"
+
+    def draft_row(self, state, input_ids, max_tokens, row):
+        return hs.Draft.empty(input_ids.device)
+
+
+def interleaved(runs: dict, reps: int) -> dict:
+    """Median CPU seconds of each of `runs` (name: callable), run in turns, `reps` times (order reversed each time)."""
+    times = {name: [] for name in runs}
+    for rep in range(reps):
+        for name in list(runs)[:: 1 if rep % 2 == 0 else -1]:
+            start = time.process_time()
+            runs[name]()
+            times[name].append(time.process_time() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def plain_step(model, args) -> None:
+    """Prints a one-token step's cost and a whole plain call's, the loop's against transformers' (`--plain-step`)."""
+    tokenizer = load_tokenizer(args.model)
+    fits = model.config.max_position_embeddings - args.max_new_tokens  # as the bench cuts prompts (prompt_budget)
+    encoded = [tokenizer(prompt.text, return_tensors="pt").input_ids for prompt in load_prompts("spec-bench")
+               if prompt.category == args.category]
+    input_ids = max((ids for ids in encoded if ids.shape[1] <= fits), key=lambda ids: ids.shape[1])
+    if args.question_id is not None:
+        input_ids = next(tokenizer(prompt.text, return_tensors="pt").input_ids for prompt in load_prompts("spec-bench")
+                         if str(prompt.question_id) == args.question_id)
+    context, name = input_ids.shape[1], cache_argument(model)
+    caches = {}
+    for kind in ("transformers", "loop", "loop, DynamicLayer"):
+        cache = DynamicCache(config=model.config) if kind != "loop" else prepare_cache(None, model.config, context + 64)
+        model(input_ids, use_cache=True, **{name: cache})
+        caches[kind] = cache if kind == "transformers" else RaggedCache(cache, torch.ones(1, context, dtype=torch.bool))
+    token = input_ids[:, -1:]
+
+    def transformers_step():
+        cache = caches["transformers"]
+        length = cache.get_seq_length()
+        model(input_ids=token, attention_mask=torch.ones(1, length + 1, dtype=torch.long),
+              position_ids=torch.tensor([[length]]), use_cache=True, logits_to_keep=1, **{name: cache})
+
+    def loop_step(cache: RaggedCache):
+        forward(model, cache, Query.from_drafts(token[0], [hs.Draft.empty(token.device)], 0))
+        cache.append(torch.ones(1, 1, dtype=torch.bool))
+
+    steps = interleaved({"transformers": transformers_step, "loop": lambda: loop_step(caches["loop"]),
+                         "loop, DynamicLayer": lambda: loop_step(caches["loop, DynamicLayer"])}, args.reps)
+    print(f"one-token steps after {context} to {context + args.reps} tokens: " + ", ".join(
+        f"{kind} {seconds * 1e3:.2f} ms ({seconds / steps['transformers']:.3f}x)" for kind, seconds in steps.items()))
+    options = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
+    calls = interleaved({
+        "generate()": lambda: model.generate(input_ids, **options),
+        "loop, every step plain": lambda: model.generate(input_ids, custom_generate=hs.generate, plain_floor=False,
+                                                         candidate_generator=NeverDrafter(1), **options),
+    }, args.calls)
+    print(f"{args.max_new_tokens} new tokens: " + ", ".join(
+        f"{kind} {seconds:.2f} s ({seconds / calls['generate()']:.3f}x)" for kind, seconds in calls.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEMO_TARGET)
     parser.add_argument("--context", type=int, default=200, help="cached tokens before the query")
     parser.add_argument("--sizes", default="2,4,9,17,25", help="query sizes to compare with one token")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--plain-step", action="store_true", help="the loop's plain step against transformers'")
+    parser.add_argument("--category", default="summarization", help="--plain-step: its longest Spec-Bench prompt")
+    parser.add_argument("--question-id", help="--plain-step: this Spec-Bench prompt instead (241: 1,172 tokens)")
+    parser.add_argument("--calls", type=int, default=5, help="--plain-step: whole generate calls of each")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="--plain-step: of each whole call")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if args.plain_step:
+        with torch.no_grad():
+            plain_step(model, args)
+        return
     vocab_size = model.get_output_embeddings().weight.shape[0]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():

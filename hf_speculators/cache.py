@@ -8,10 +8,13 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
+from .growing_cache import GrowingLayer, use_growing_layers
 from .static_cache import (ensure_room, is_static, prepare_static_cache, reset_length, select_rows, static_length,
                            store_slots)
 
 DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
+
+FULL_ATTENTION_LAYERS = (DynamicLayer, GrowingLayer)  # the dynamic layers that hold every token (`type(layer) in`)
 
 # the names a forward may take its cache under: `cache` from transformers 5.24 on, `past_key_values` before (and
 # still accepted, with a deprecation warning, until 5.40), `layer_past` in some families' decoder layers (GPT-NeoX)
@@ -59,6 +62,9 @@ def passed_cache(model_kwargs: dict) -> Cache | None:
 def prepare_cache(cache: Cache | None, config, num_slots: int | None = None) -> Cache:
     """Returns a cache that speculative decoding can roll back, creating a `DynamicCache` if `cache` is `None`.
 
+    The empty full-attention layers of a dynamic cache become `GrowingLayer`s of `num_slots` slots, which append in
+    place rather than copy the whole cache at every forward (`growing_cache`); the cache object stays the one passed.
+
     A static cache (`cache_implementation="static"`, or a `StaticCache` passed) is kept when it holds `num_slots`
     slots per row, or replaced, when empty, by one of a length bucket that does (`static_cache.prepare_static_cache`):
     rejected tokens then leave it by a length reset.
@@ -66,8 +72,8 @@ def prepare_cache(cache: Cache | None, config, num_slots: int | None = None) -> 
     Args:
         cache: the cache the generate call carries (`passed_cache`), or `None`.
         config: the model's config, used to create a new cache.
-        num_slots (`int`, *optional*): the most slots per row the call may write (a static cache's least length);
-            without it a static cache is refused.
+        num_slots (`int`, *optional*): the most slots per row the call may write (a static cache's least length, a
+            growing layer's first buffer); without it a static cache is refused.
 
     Raises:
         `ValueError`: for another fixed-size cache, a static cache that cannot serve (`prepare_static_cache`), and
@@ -83,6 +89,7 @@ def prepare_cache(cache: Cache | None, config, num_slots: int | None = None) -> 
             "tokens must be dropped from the cache. Remove the cache you passed (or its cache_implementation) and retry."
         )
     check_croppable(cache, config)
+    use_growing_layers(cache, num_slots)
     cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
     return cache
 
@@ -179,7 +186,7 @@ def check_tree_support(cache: Cache, config, max_length: int) -> None:
     its windows hold the whole sequence.
     """
     unsupported = sorted({type(layer).__name__ for layer in cache.layers
-                          if type(layer) not in (DynamicLayer, StaticLayer)})
+                          if type(layer) not in (*FULL_ATTENTION_LAYERS, StaticLayer)})
     if unsupported:
         raise ValueError(
             f"Token trees need full-attention cache layers; this model's cache has {unsupported}. Use a drafter "
@@ -196,7 +203,7 @@ def check_layerwise_support(cache: Cache, config, max_length: int) -> None:
     sequence.
     """
     for layer in cache.layers:
-        if type(layer) is DynamicLayer:
+        if type(layer) in FULL_ATTENTION_LAYERS:
             continue
         if type(layer) is DynamicSlidingWindowLayer and layer.sliding_window >= max_length:
             continue
@@ -219,7 +226,7 @@ def check_batch_support(cache: Cache, config, max_length: int) -> None:
     while its windows hold the whole sequence.
     """
     unsupported = sorted({type(layer).__name__ for layer in cache.layers
-                          if type(layer) not in (DynamicLayer, StaticLayer)})
+                          if type(layer) not in (*FULL_ATTENTION_LAYERS, StaticLayer)})
     if unsupported:
         raise ValueError(
             f"Speculative generate with batch size > 1 needs full-attention cache layers; this model's cache has "

@@ -231,7 +231,9 @@ class DraftModelDrafter(Drafter):
             if state.bridge is not None and state.do_sample:
                 state.bridge.vocabulary  # built (and checked) before any forward
         state.vocab_size = vocabulary_size(self.draft_model if state.target is None else state.target)
-        cache = self._compiled_cache(state) or prepare_cache(None, self.draft_model.config)
+        max_length = state.generation_config.max_length  # None in transformers' own loop (`as_candidate_generator`)
+        cache = self._compiled_cache(state) or prepare_cache(
+            None, self.draft_model.config, max_length and max_length + self.num_draft_tokens)
         if state.batch_size > 1:
             try:
                 check_batch_support(cache, self.draft_model.config, state.generation_config.max_length)
