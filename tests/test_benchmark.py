@@ -483,3 +483,21 @@ def test_held_out_prompts_are_three_kinds_of_text_the_bench_reads(tmp_path, monk
     assert all(len(p.text) >= held_out.MIN_CHARS // 3 for p in prompts)
     assert any(p.text.startswith(("def ", "    def ", "async def ")) for p in prompts if p.category == "code")
     assert held_out.held_out_records(3, 0) == held_out.held_out_records(3, 0)  # seeded
+
+
+def test_records_named_gz_are_written_gzip_compressed_and_resumed(tmp_path):
+    from hf_speculators.tools.bench.records import RecordWriter, read_records
+
+    run = {"methods": ["prompt-lookup"], "skipped_methods": []}
+    record = lambda i, method: {"batch_index": i, "batch_rows": 1, "method": method, "category": "c",  # noqa: E731
+                                "new_tokens": 4, "seconds": 0.1, "provenance": {"run": run}}
+    path = tmp_path / "run.jsonl.gz"
+    with RecordWriter(path, run, resume=False) as writer:
+        for r in (record(0, "plain"), record(0, "prompt-lookup"), record(1, "plain")):
+            writer.write(r)
+    assert gzip.decompress(path.read_bytes())  # a gzip file, as its name says
+    assert [r["method"] for r in read_records(path)] == ["plain", "prompt-lookup", "plain"]
+    path.write_bytes(path.read_bytes() + gzip.compress(b'{"cut')[:12])  # a member a killed process left
+    with RecordWriter(path, run, resume=True) as writer:
+        assert [(r["batch_index"], r["method"]) for r in writer.done] == [(0, "plain"), (0, "prompt-lookup")]
+    assert len(read_records(path)) == 2

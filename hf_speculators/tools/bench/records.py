@@ -178,12 +178,19 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
+def _open_text(path: Path, mode: str, compressed: bool):
+    """`path` opened for text in `mode` ("r", "w" or "a"), through gzip when `compressed` (appending adds a gzip
+    member per flush: `read_records` and `gzip` read the members as one stream)."""
+    return gzip.open(path, mode + "t", encoding="utf-8") if compressed else open(path, mode, encoding="utf-8")
+
+
 class RecordWriter:
     """Writes benchmark records to a JSONL file one by one, each flushed as soon as it is written, and reads back
     the complete batches of an earlier run of the same settings to resume it (a context manager).
 
     Args:
-        path (`str` or `Path`, *optional*): the JSONL file; `None` keeps the records in memory only.
+        path (`str` or `Path`, *optional*): the JSONL file, gzip-compressed when its name ends in `.gz`; `None` keeps
+            the records in memory only.
         run (`dict`): the run's identity (methods, settings, prompts' fingerprint), the provenance's `run`.
         resume (`bool`): keep the complete batches of the records already in `path`; otherwise `path` is
             overwritten.
@@ -206,9 +213,10 @@ class RecordWriter:
             self.done = self._complete_batches(self._read())
         text = "".join(json.dumps(record) + "\n" for record in self.done)
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(text, encoding="utf-8")
+        with _open_text(temporary, "w", self._compressed) as file:
+            file.write(text)
         os.replace(temporary, self.path)  # the kept records replace the file at once: never half of them
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = _open_text(self.path, "a", self._compressed)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -221,8 +229,17 @@ class RecordWriter:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
 
+    @property
+    def _compressed(self) -> bool:
+        return self.path.suffix == ".gz"
+
     def _read(self) -> list[dict]:
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = []
+        with _open_text(self.path, "r", self._compressed) as file:
+            try:
+                lines.extend(line.rstrip("\n") for line in file)
+            except EOFError:  # a gzip member a killed process was writing: the lines before it are kept
+                pass
         records = []
         for number, line in enumerate(lines, 1):
             try:
