@@ -182,14 +182,15 @@ def glm_reference(tmp_path_factory):
 
 
 def test_vllm_serves_the_mtp_layer_of_a_glm4_moe_target(glm_reference):
-    """MTP: the layer distilled on the target's own continuations of the 4 prompts, written in GLM-4.5's
-    checkpoint layout beside the target's weights, where transformers' `MtpModel` and vLLM's `Glm4MoeMTP` read it;
-    the export names no model (vLLM's mtp reads the target's checkpoint) and drafts one token per MTP layer."""
+    """MTP: the layer distilled on the target's own continuations of 2 of the 4 prompts (its drafts are then mostly
+    accepted on those, rejected on the others), written in GLM-4.5's checkpoint layout beside the target's weights,
+    where transformers' `MtpModel` and vLLM's `Glm4MoeMTP` read it; the export names no model (vLLM's mtp reads the
+    target's checkpoint) and drafts one token per MTP layer."""
     from hf_speculators.config.vllm_export import export
     from vllm_models import add_mtp_layer
 
     folder = Path(glm_reference.target)
-    add_mtp_layer(folder, glm_reference.model, _distill_sequences(glm_reference, 4))
+    add_mtp_layer(folder, glm_reference.model, _distill_sequences(glm_reference, 2))
     config = SpeculativeConfig(method="mtp", target_model=str(folder))
     exported, notes = export(config)
     assert exported == {"method": "mtp", "num_speculative_tokens": 1} and "GLM-4.5 MoE" in notes[0]

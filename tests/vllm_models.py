@@ -48,7 +48,7 @@ def _glm_checkpoint_weights(name: str, tensor: torch.Tensor) -> dict:
     return {name: tensor.contiguous()}
 
 
-def add_mtp_layer(folder: Path, target, sequences: list[torch.LongTensor], steps: int = 80, seed: int = 1) -> None:
+def add_mtp_layer(folder: Path, target, sequences: list[torch.LongTensor], steps: int = 20, seed: int = 1) -> None:
     """Distills one MTP layer for `target` (loaded from `folder`) on `sequences` (`(1, length)` each) and writes it
     into `folder`'s weights in GLM-4.5's layout, where transformers' `MtpModel.from_pretrained` and vLLM read it."""
     torch.manual_seed(seed)
@@ -73,5 +73,5 @@ def save_demo_dflash(folder: Path, target, sequences: list[torch.LongTensor], st
         num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, block_size=4,
         mask_token_id=target.config.vocab_size - 1, target_layer_ids=[1, 3, 5], **NO_SPECIAL)
     model = MuseGlimmerAssistantModel(config)
-    distill_dflash(model, target, sequences, steps=steps, lr=1e-2)
+    distill_dflash(model, target, sequences, steps=steps)
     model.save_pretrained(folder)
