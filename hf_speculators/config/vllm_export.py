@@ -29,8 +29,8 @@ def _check_verification(config) -> None:
 
 
 def _check_head(config) -> None:
-    """Refuses what vLLM cannot take: a method whose spec explains why (Medusa heads in FasterDecoding's layout), or
-    a token tree."""
+    """Refuses what vLLM cannot take: a method whose spec explains why (Medusa heads in FasterDecoding's layout, a
+    DFlash drafter's config without vLLM's keys), or a token tree."""
     spec = METHOD_SPECS[config.method]
     if spec.vllm_refusal is not None:
         raise ValueError(spec.vllm_refusal)
@@ -99,7 +99,9 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
     `quantization="fp8"`; a draft model of another tokenizer (both local folders) -> `use_heterogeneous_vocab=True`
-    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are
+    (vLLM drafts from the tokens the two vocabularies share; we translate text between them); MTP layers read from
+    the target (no `draft_model`) -> no `model` (vLLM's `mtp` reads the target's checkpoint) and, unless
+    `num_draft_tokens` is set, `num_speculative_tokens` = the target's `num_mtp_layers`. Unset fields are
     filled with this library's drafter defaults, so vLLM runs what `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
     schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
     drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
@@ -108,7 +110,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
             relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, suffix decoding with
             `use_tree_spec`, an int8/nf4/int4
-            draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
+            draft quantization, a learned head's `tree`, Medusa heads or a DFlash drafter (vLLM reads a converted
+            copy: `export`), or MTP layers read from the target with neither `num_draft_tokens` nor `target_model`.
     """
     _check_head(config)
     mapping = METHOD_SPECS[config.method].vllm
