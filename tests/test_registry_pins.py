@@ -24,7 +24,7 @@ NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile"},
                        "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
                        "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",
                        "--min-ngram-size"},
-             "export": {"--check", "--vllm-python"}}
+             "export": {"--check", "--vllm-python", "--prompts"}}
 # flags whose help lists the named methods: the list is compared as a set (the registry orders variants by method)
 METHOD_LISTS = re.compile(r"[\w.-]+(?:, ?[\w.-]+){5,}")
 

@@ -43,7 +43,7 @@ def test_export_check_with_a_missing_vllm_python_names_it(no_vllm, tmp_path, cap
 
 def test_vllm_python_without_check_is_refused(capsys):
     assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--vllm-python", "python"]) == 2
-    assert "--vllm-python names the Python that --check runs vLLM in" in capsys.readouterr().err
+    assert "--vllm-python applies to --check" in capsys.readouterr().err
 
 
 def test_the_environment_variable_and_the_default_folder_are_found(no_vllm, monkeypatch, tmp_path):
@@ -116,3 +116,80 @@ def test_worker_sums_vllms_counters_over_engines():
     counters = _worker().read_counters(SimpleNamespace(get_metrics=lambda: metrics))
     assert counters == {"num_drafts": 6, "num_draft_tokens": 0, "num_accepted_tokens": 5,
                         "num_accepted_tokens_per_pos": [4, 2, 1]}
+
+
+def test_mtp_export_reads_the_layers_from_the_target_and_drafts_one_token_per_layer(tmp_path):
+    from transformers import Glm4MoeConfig
+
+    from hf_speculators.config.vllm_export import to_vllm_with_notes
+
+    Glm4MoeConfig(num_mtp_layers=2).save_pretrained(tmp_path)  # the export reads the target's config only
+    exported, notes = to_vllm_with_notes(SpeculativeConfig(method="mtp", target_model=str(tmp_path)))
+    assert exported == {"method": "mtp", "num_speculative_tokens": 2} and "not Mellum" in notes[0]
+    config = SpeculativeConfig(method="mtp", target_model=str(tmp_path), num_draft_tokens=1)
+    assert to_vllm_with_notes(config)[0] == {"method": "mtp", "num_speculative_tokens": 1}
+    with pytest.raises(ValueError, match="vLLM needs num_speculative_tokens"):
+        SpeculativeConfig(method="mtp").to_vllm()
+
+
+def _save_dflash(folder: Path, target_layer_ids: list[int]) -> None:
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    config = MuseGlimmerAssistantConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16, block_size=5,
+                                        mask_token_id=4095, target_layer_ids=target_layer_ids)
+    MuseGlimmerAssistantModel(config).save_pretrained(folder)
+
+
+def test_dflash_export_writes_the_config_that_vllm_reads(tmp_path):
+    import json
+
+    from hf_speculators.config.vllm_export import export
+
+    _save_dflash(tmp_path / "drafter", [1, 3])
+    config = SpeculativeConfig(method="dflash", draft_model=str(tmp_path / "drafter"),
+                               target_model="hf_speculators/demo-target")
+    with pytest.raises(ValueError, match="writes a copy with them"):
+        config.to_vllm()
+    exported, notes = export(config, tmp_path / "out")
+    assert exported == {"method": "dflash", "model": str(tmp_path / "out"), "num_speculative_tokens": 4}
+    assert notes == []
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["vocab_size"] == 4096 and written["target_layer_ids"] == [1, 3]
+    assert written["dflash_config"] == {"target_layer_ids": [1, 3], "mask_token_id": 4095, "causal": False}
+    weights = "model.safetensors"
+    assert (tmp_path / "out" / weights).read_bytes() == (tmp_path / "drafter" / weights).read_bytes()
+
+
+def test_dflash_export_notes_a_drafter_of_the_last_target_layer(tmp_path):
+    from hf_speculators.config.vllm_export import export
+
+    _save_dflash(tmp_path / "drafter", [1, 7])  # the demo target has 8 layers
+    config = SpeculativeConfig(method="dflash", draft_model=str(tmp_path / "drafter"),
+                               target_model="hf_speculators/demo-target", num_draft_tokens=2)
+    exported, notes = export(config, tmp_path / "out")
+    assert exported["num_speculative_tokens"] == 2
+    assert len(notes) == 1 and "before the final norm" in notes[0]
+    with pytest.raises(ValueError, match="set target_model"):
+        export(SpeculativeConfig(method="dflash", draft_model=str(tmp_path / "drafter")), tmp_path / "out2")
+
+
+def test_prompts_without_check_is_refused(capsys):
+    assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--prompts", "p.jsonl"]) == 2
+    assert "--prompts applies to --check" in capsys.readouterr().err
+
+
+def test_export_check_serves_the_users_prompts(monkeypatch, tmp_path, capsys):
+    """`--prompts FILE` reaches the check (vLLM itself replaced: tests/test_vllm_serving.py serves)."""
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("one prompt\n")
+    seen = {}
+
+    def fake_check(config, exported, vllm_python=None, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(cli, "require_vllm_python", lambda python: None)
+    monkeypatch.setattr(cli, "check_export", fake_check)
+    assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--check", "--prompts", str(prompts)]) == 1
+    assert seen == {"prompts": str(prompts)} and "stop here" in capsys.readouterr().err

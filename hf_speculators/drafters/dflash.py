@@ -192,6 +192,11 @@ DFLASH_SPEC = MethodSpec(
     checkpoint=Setting("dflash_model", str,
                        help="dflash and dflash-tree: the DFlash block drafter's checkpoint, made for the target"),
     variants={"dflash": Variant(length="own"), "dflash-tree": Variant(length="tree")}, vllm=VllmMapping("dflash"),
+    vllm_refusal=(
+        "vLLM reads a DFlash drafter's target layers and vocabulary size from config keys that transformers' "
+        "checkpoint lacks (dflash_config, vocab_size): `hf-speculators export NAME --to vllm` (or "
+        "`convert_dflash_drafter`) writes a copy with them, then pass speculative_config={'method': 'dflash', "
+        "'model': FOLDER}."),
     baselines={"hf-dflash": Baseline(("draft_model",), lambda config, target, draft, build: {
         "speculation_type": "dflash", "assistant_model": build().model})},
 )

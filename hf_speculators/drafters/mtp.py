@@ -244,6 +244,9 @@ class MTPDrafter(HeadDrafter):
 # the target's own MTP layers, beside its checkpoint (draft_model: a speculators-format MTP checkpoint, for vLLM)
 MTP_SPEC = MethodSpec(
     "mtp", MTPDrafter, shared=("tree", "draft_model", "draft_revision"), loads="target",
-    variants={"mtp": Variant(length="own"), "mtp-tree": Variant(length="tree")}, vllm=VllmMapping("mtp"),
+    variants={"mtp": Variant(length="own"), "mtp-tree": Variant(length="tree")}, vllm=VllmMapping("mtp", needs=(
+        "vLLM drafts with the MTP layers of a target whose architecture it has an MTP model for (vLLM 0.32, among "
+        "the targets whose MTP layers transformers loads: GLM-4.5 MoE, DeepSeek-V3, Inkling, Bailing, Step 3.7; "
+        "not Mellum, which it serves through its transformers backend, without MTP)")),
     baselines={"hf-mtp": Baseline((), lambda config, target, draft, build: {"use_mtp": True})},  # its MTP layers
 )

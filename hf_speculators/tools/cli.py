@@ -257,8 +257,9 @@ def run_presets_show(args) -> int:
 
 
 def run_export(args) -> int:
-    if args.vllm_python is not None and not args.check:
-        raise ValueError("--vllm-python names the Python that --check runs vLLM in: add --check, or drop it.")
+    for flag, value in (("--vllm-python", args.vllm_python), ("--prompts", args.prompts)):
+        if value is not None and not args.check:
+            raise ValueError(f"{flag} applies to --check (serving the export in vLLM): add --check, or drop it.")
     config = SpeculativeConfig.from_pretrained(args.name)
     if args.check:
         require_vllm_python(args.vllm_python)  # before exporting: a missing environment is bad input
@@ -266,8 +267,9 @@ def run_export(args) -> int:
     print(commands_text(config, exported, notes))
     if not args.check:
         return 0
-    result = check_export(config, exported, args.vllm_python)
-    print(f"\n--- vLLM check (greedy, fp32, {result.num_prompts} Spec-Bench prompts)\n{result.report()}")
+    result = check_export(config, exported, args.vllm_python, prompts=args.prompts or "spec-bench")
+    source = args.prompts or "Spec-Bench"
+    print(f"\n--- vLLM check (greedy, fp32, {result.num_prompts} prompts of {source})\n{result.report()}")
     return 0 if result.identical else 1
 
 

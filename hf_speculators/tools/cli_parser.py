@@ -293,11 +293,15 @@ def _add_export(commands, run) -> None:
     export.add_argument("--to", choices=("vllm",), required=True, help="the engine: vllm")
     _add_verbose_option(export)
     export.add_argument("--out", default=None,
-                        help="Medusa heads: where to write them in vLLM's layout (default: a temporary folder)")
+                        help="Medusa heads and DFlash drafters: where to write them in the form vLLM reads (default: a "
+                             "temporary folder)")
     export.add_argument("--check", action="store_true",
                         help="serve the export in vLLM on a few Spec-Bench prompts and print vLLM's and our "
                              "acceptance per position side by side and whether the greedy outputs agree")
     export.add_argument("--vllm-python", default=None, metavar="PATH",
                         help="--check: the Python of the environment holding vLLM (default: "
                              "$HF_SPECULATORS_VLLM_PYTHON, else .vllm-env made by tests/make_vllm_env.sh)")
+    export.add_argument("--prompts", default=None, metavar="FILE",
+                        help="--check: your prompts (a JSONL or text file, as bench reads; its first 4 are served) "
+                             "instead of Spec-Bench's")
     export.set_defaults(run=run)

@@ -38,12 +38,14 @@ class Reference:
     vllm_python: str | None = None
 
     @classmethod
-    def build(cls, target: str, num_prompts: int = 8, max_new_tokens: int = 64, vllm_python=None) -> "Reference":
-        """Loads `target` (fp32, CPU), encodes the first `num_prompts` Spec-Bench prompts and generates both engines'
-        plain greedy outputs of `max_new_tokens` tokens (one vLLM engine start)."""
+    def build(cls, target: str, num_prompts: int | None = 8, max_new_tokens: int = 64, vllm_python=None,
+              prompts: str = "spec-bench") -> "Reference":
+        """Loads `target` (fp32, CPU), encodes the first `num_prompts` (`None`: all) of `prompts` (Spec-Bench, or a
+        prompts file) and generates both engines' plain greedy outputs of `max_new_tokens` tokens (one vLLM engine
+        start)."""
         folder = resolve_model_id(target)
         model, tokenizer = load_model(folder), load_tokenizer(folder)
-        prompts = encode_prompts(tokenizer, num_prompts)
+        prompts = encode_prompts(tokenizer, num_prompts, prompts)
         ours, _ = our_outputs(model, prompts, max_new_tokens)
         served = run_vllm(request(folder, prompts, max_new_tokens, None), vllm_python)
         return cls(folder, model, tokenizer, prompts, max_new_tokens, ours, served["outputs"], vllm_python)
@@ -124,10 +126,10 @@ def check(reference: Reference, config, speculative_config: dict) -> CheckResult
 
 
 def check_export(config, exported: dict, vllm_python=None, num_prompts: int = 4,
-                 max_new_tokens: int = 32) -> CheckResult:
+                 max_new_tokens: int = 32, prompts: str = "spec-bench") -> CheckResult:
     """`hf-speculators export NAME --to vllm --check`: serves `exported` (vLLM's `speculative_config` for `config`,
-    from `hf_speculators.config.vllm_export.export`) and the plain target in vLLM on the first `num_prompts`
-    Spec-Bench prompts, and compares with our run of the same config (two vLLM engine starts, about a minute each
+    from `hf_speculators.config.vllm_export.export`) and the plain target in vLLM on the first `num_prompts` of
+    `prompts` (Spec-Bench, or a prompts file: `--prompts`), and compares with our run of the same config (two vLLM engine starts, about a minute each
     on a CPU).
 
     Raises:
@@ -136,5 +138,5 @@ def check_export(config, exported: dict, vllm_python=None, num_prompts: int = 4,
     """
     if config.target_model is None:
         raise ValueError("--check serves the export on its target: the preset sets no target_model.")
-    reference = Reference.build(config.target_model, num_prompts, max_new_tokens, vllm_python)
+    reference = Reference.build(config.target_model, num_prompts, max_new_tokens, vllm_python, prompts)
     return check(reference, config, exported)

@@ -14,10 +14,11 @@ from ..prompts import PROMPT_SETS, encode_prompt, load_prompts, use_chat_templat
 NEAR_TIE = 1e-3
 
 
-def encode_prompts(tokenizer, limit: int) -> list[list[int]]:
-    """The first `limit` Spec-Bench prompts as token ids (through the chat template when the tokenizer has one)."""
+def encode_prompts(tokenizer, limit: int, prompts: str = "spec-bench") -> list[list[int]]:
+    """The first `limit` prompts of `prompts` (a named set, `"spec-bench"` by default, or a prompts file that
+    `load_prompts` reads) as token ids (through the chat template when the tokenizer has one)."""
     chat = use_chat_template(tokenizer, None)
-    texts = [prompt.text for prompt in load_prompts(PROMPT_SETS["spec-bench"], limit)]
+    texts = [prompt.text for prompt in load_prompts(PROMPT_SETS.get(prompts, prompts), limit)]
     return [encode_prompt(tokenizer, text, chat)["input_ids"][0].tolist() for text in texts]
 
 
