@@ -3,11 +3,15 @@
 from collections.abc import Iterable
 
 import torch
-from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers import (LogitsProcessorList, MinPLogitsWarper, PrefixConstrainedLogitsProcessor,
+                          RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 # processors that transformers builds with state per batch row (repetition_penalty's per-row padding lengths,
 # prefix_allowed_tokens_fn's batch_id): a row of a batch must reach them at its own place in the batch
 PER_ROW_PROCESSORS = (RepetitionPenaltyLogitsProcessor, PrefixConstrainedLogitsProcessor)
+# warpers that read neither the sequence nor other rows: a list of only these processes many rows in one call, with
+# the same result as row by row (sampling at a temperature, top-k, top-p: what most sampling calls use)
+ROW_INDEPENDENT_PROCESSORS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
 
 
 class RowOfBatch:
@@ -40,6 +44,13 @@ class RowOfBatch:
         return scores
 
 
+def rows_independent(logits_processor) -> bool:
+    """Whether every processor of `logits_processor` (a `LogitsProcessorList` or a `RowOfBatch` of one) is one of
+    `ROW_INDEPENDENT_PROCESSORS`, so that many rows can be processed in one call."""
+    processors = logits_processor.processors if isinstance(logits_processor, RowOfBatch) else logits_processor
+    return all(type(processor) in ROW_INDEPENDENT_PROCESSORS for processor in processors)
+
+
 def row_processors(processors: LogitsProcessorList, batch_size: int, row: int):
     """The call's processors for row `row` of a batch of `batch_size` (`RowOfBatch`), or `processors` themselves for
     a batch of one."""
@@ -67,6 +78,8 @@ def process_logits(
     scores = logits.float()
     if not logits_processor:
         return scores
+    if rows_independent(logits_processor):  # the prefix is not read: the first stands for all
+        return logits_processor(next(iter(prefixes), None), scores.clone())
     rows = [logits_processor(prefix, scores[i : i + 1].clone()) for i, prefix in enumerate(prefixes)]
     return torch.cat(rows, dim=0)
 
