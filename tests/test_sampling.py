@@ -1,12 +1,51 @@
-"""Logits processing of several rows at once: the same scores as row by row, only where no processor reads the
-sequence."""
+"""Sampling one token by inverting the cumulative distribution (chi-square against the distribution, with broken
+controls), and logits processing of several rows at once (the same scores as row by row, only where no processor
+reads the sequence)."""
 
 import pytest
 import torch
 from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from hf_speculators.sampling import RowOfBatch, process_logits, rows_independent
+from hf_speculators.sampling import RowOfBatch, process_logits, rows_independent, sample
+from test_lossless import chi_square, chi_square_critical
+
+PROBS = torch.tensor([0.0, 0.1, 0.0, 0.25, 0.05, 0.6, 0.0])  # zeros inside and at both ends
+NUM_DRAWS = 20_000
+BROKEN_SAMPLERS = {
+    "biased": lambda probs, generator: sample(probs**0.8, generator),  # a little flatter than the distribution
+    "off_by_one": lambda probs, generator: (sample(probs, generator) + 1) % len(probs),
+}
+
+
+def statistic(sampler, probs: torch.Tensor = PROBS) -> float:
+    """Pearson's statistic of `NUM_DRAWS` seeded draws over its 0.1% critical value (pass below 1; infinite when a
+    token of probability 0 is drawn)."""
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.stack([sampler(probs, generator) for _ in range(NUM_DRAWS)]), minlength=len(probs))
+    return chi_square(counts, probs / probs.sum()) / chi_square_critical(int((probs > 0).sum()) - 1)
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0], ids=["normalized", "unnormalized"])
+def test_sample_draws_from_the_distribution(scale):
+    assert statistic(sample, PROBS * scale) < 1
+
+
+@pytest.mark.parametrize("broken", BROKEN_SAMPLERS)
+def test_the_statistic_rejects_a_broken_sampler(broken):
+    assert statistic(BROKEN_SAMPLERS[broken]) > 5
+
+
+def test_sample_never_draws_past_the_last_token_of_positive_probability():
+    generator = torch.Generator().manual_seed(0)
+    one_token = torch.tensor([0.0, 0.0, 1.0, 0.0])
+    assert {int(sample(one_token, generator)) for _ in range(200)} == {2}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_sample_refuses_scores_that_overflowed(bad):
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        sample(torch.tensor([0.5, bad]), None)
 
 WARPERS = {
     "temperature": [TemperatureLogitsWarper(0.7)],
