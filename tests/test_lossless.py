@@ -14,8 +14,10 @@ from transformers import (
 )
 
 import hf_speculators as hs
+import hf_speculators.drafters.base as drafter_base_module
+import hf_speculators.loop as loop_module
 import hf_speculators.verifiers.rejection as rejection_module
-from hf_speculators.sampling import residual_distribution, sample
+from hf_speculators.sampling import process_logits, residual_distribution, sample
 from speculative_helpers import make_drafter, prompt_ids, speculative_generate
 from tiny_models import ARCHS
 
@@ -236,8 +238,31 @@ def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo, dr
     The draft model (a perturbed copy of the target) and the target's own first layer (layer skip, drafting into
     the target's cache) overlap the target's top-3 in part, so accepted draft tokens, recovered tokens and bonus
     tokens all occur; with a draft vocabulary of every other token, layer skip never drafts part of that support.
+    Temperature and top-k process every position of a step in one call (`sampling.rows_independent`).
+    """
+    statistic = end_to_end_statistic(zoo, drafter_kind)
+    assert statistic < 1, statistic
 
-    Calls `hs.generate` directly with the processors transformers would build, to keep 2000 runs fast.
+
+def test_the_end_to_end_statistic_rejects_broken_logits_processing(zoo, monkeypatch):
+    """The bound is meaningful for the processing of a step's positions: when every position of a step takes the
+    processed scores of its first position (rows mixed up, as a wrong batched processing would), the test fails."""
+
+    def first_row_for_all(logits_processor, prefixes, logits):
+        scores = process_logits(logits_processor, prefixes, logits)
+        return scores[:1].expand_as(scores).clone()
+
+    monkeypatch.setattr(loop_module, "process_logits", first_row_for_all)
+    monkeypatch.setattr(drafter_base_module, "process_logits", first_row_for_all)
+    statistic = end_to_end_statistic(zoo, "draft_model", num_runs=500)
+    assert statistic > 5, statistic
+
+
+def end_to_end_statistic(zoo, drafter_kind: str, num_runs: int = 2000) -> float:
+    """The chi-square statistic over its critical value (pass below 1) of the first two tokens of `num_runs`
+    seeded `hs.generate` calls against the target's joint distribution, with temperature 0.8 and top-k 3.
+
+    Calls `hs.generate` directly with the processors transformers would build, to keep the runs fast.
     """
     model, prompt = zoo.target("llama"), prompt_ids("random")
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopKLogitsWarper(3)])
@@ -267,11 +292,9 @@ def test_speculative_sampling_matches_the_target_distribution_end_to_end(zoo, dr
                               return_dict_in_generate=False)
     stopping = StoppingCriteriaList([MaxLengthCriteria(prompt.shape[1] + 2)])
     counts = torch.zeros_like(joint)
-    num_runs = 2000
     for _ in range(num_runs):
         out = hs.generate(model, prompt, logits_processor=warpers, stopping_criteria=stopping,
                           generation_config=config, candidate_generator=drafter, generator=generator)
         first_token, second_token = out[0, -2:].tolist()
         counts[support.index(first_token), second_token] += 1
-    statistic = chi_square(counts, joint) / chi_square_critical(int((joint > 0).sum()) - 1)
-    assert statistic < 1, statistic
+    return chi_square(counts, joint) / chi_square_critical(int((joint > 0).sum()) - 1)
