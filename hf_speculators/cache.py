@@ -14,6 +14,12 @@ from .static_cache import (ensure_room, is_static, prepare_static_cache, reset_l
 
 DEFAULT_MAX_HOLES = 32  # RaggedCache: hole slots the widest row may carry before compaction (examples/batch_compaction.py)
 
+def slots_per_row(max_length: int, num_draft_tokens: int, batch_size: int) -> int:
+    """The most slots a row of a call may hold in a step (a static cache's size): `max_length`, a draft and, in a
+    batch, the masked holes a `RaggedCache` carries before compaction."""
+    return max_length + num_draft_tokens + (DEFAULT_MAX_HOLES if batch_size > 1 else 0)
+
+
 FULL_ATTENTION_LAYERS = (DynamicLayer, GrowingLayer)  # the dynamic layers that hold every token (`type(layer) in`)
 
 # the names a forward may take its cache under: `cache` from transformers 5.24 on, `past_key_values` before (and

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
 
-from .cache import DEFAULT_MAX_HOLES, check_batch_support, check_tree_support, passed_cache, prepare_cache
+from .cache import check_batch_support, check_tree_support, passed_cache, prepare_cache, slots_per_row
 from .checks import check_attention, check_batch, check_input_ids, check_inputs, check_synced_gpus, left_padding
 from .compiled import compiled_steps
 from .config import SpeculativeConfig
@@ -175,8 +175,7 @@ def generate(
     check_attention(model, candidate_generator, batch_size)
     pad_token_id = check_batch(generation_config, speculative_streamer) if batch_size > 1 else 0
     num_pads = left_padding(model_kwargs.get("attention_mask"), input_ids) if batch_size > 1 else [0]
-    num_slots = generation_config.max_length + candidate_generator.num_draft_tokens + (
-        DEFAULT_MAX_HOLES if batch_size > 1 else 0)  # the most slots a row may hold in a step: a static cache's size
+    num_slots = slots_per_row(generation_config.max_length, candidate_generator.num_draft_tokens, batch_size)
     cache = prepare_cache(passed_cache(model_kwargs), model.config, num_slots)
     if batch_size > 1:
         check_batch_support(cache, model.config, generation_config.max_length)

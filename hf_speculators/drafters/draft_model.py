@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..cache import DEFAULT_MAX_HOLES, RaggedCache, check_batch_support, prepare_cache
+from ..cache import RaggedCache, check_batch_support, prepare_cache, slots_per_row
 from ..compiled import compilable, compiles, run_draft_model
 from ..draft import Draft
 from ..entry import tokenizer_argument
@@ -253,8 +253,8 @@ class DraftModelDrafter(Drafter):
         if (state.cache is None or state.bridge is not None
                 or not compiles(state.target, state.cache.cache, config)):
             return None
-        num_slots = config.max_length + self.num_draft_tokens + (DEFAULT_MAX_HOLES if state.batch_size > 1 else 0)
-        cache = draft_static_cache(self.draft_model.config, num_slots)
+        slots = slots_per_row(config.max_length, self.num_draft_tokens, state.batch_size)
+        cache = draft_static_cache(self.draft_model.config, slots)
         if cache is None or not compilable(self.draft_model):
             return None
         if self._compiled is None or self._compiled[0] != config.compile_config:  # kept: a new one would recompile
