@@ -9,9 +9,11 @@ The rule, from this call's own steps: a drafted step costs the plain step's seco
 drafting row (`extra` measured as the drafted steps' mean seconds over `P`, shared among their mean drafting rows; not counting
 the call's first drafted step, which also starts the drafter, and each at most twice the mean so far), and
 gives row r `tokens[r]` tokens (a moving average of what its drafted steps committed, the bonus or recovered
-token included) where a plain step gives 1. The rows draft whose drafting raises the batch's tokens per second:
-sorted by `tokens[r]`, each is added while `(tokens[r] - 1) / extra` beats the tokens per second of the rows
-already chosen (batch size 1: the row drafts while `tokens > 1 + extra / P`). A row that commits nothing beyond
+token included) where a plain step gives 1. Row r drafts while `tokens[r] > 1 + extra / P`, in a batch as alone:
+a generate call lasts until its last row is done, so a row held plain does not save the batch its steps, it becomes
+the row the call waits for, and every plain step it adds costs the call a whole step. (Ranking the rows by the
+batch's tokens per second instead, `(tokens[r] - 1) / extra` against the batch's `B / P`, held rows plain at B
+times the break-even and lost at batch size 4: `docs/benchmarks/floor.md`.) A row that commits nothing beyond
 the next token (`tokens == 1`) never drafts past its first `min_drafted_steps` drafted steps and probes. Until
 a plain step was measured, `P` is taken as a drafted step's verification seconds (which scored more tokens, so
 too much) and a row needs `calibration_margin` times the break-even to keep drafting.
@@ -125,24 +127,15 @@ class PlainFloor:
         return value if average is None else self.cost_memory * average + (1.0 - self.cost_memory) * value
 
     def _decide(self, rows: list[int]) -> None:
-        """Chooses the rows that draft next step (those whose drafting raises the batch's tokens per second)."""
+        """Chooses the rows that draft next step: those whose drafted steps beat the plain steps they replace."""
         if self.drafted_seconds is None:  # no drafted step measured yet
             return
-        calibrated = self.plain_seconds is not None
-        plain = self._plain_seconds()
-        margin = 1.0 if calibrated else self.calibration_margin
-        extra = max(self._extra_seconds(), 1e-9)
-        waiting = {row for row in rows if self.rows[row].plain and row not in self.probing}
-        candidates = sorted((row for row in rows if self.rows[row].tokens is not None and row not in waiting),
-                            key=lambda row: self.rows[row].tokens, reverse=True)
-        tokens, seconds, drafting = float(len(rows)), plain, set()
-        for row in candidates:
-            gain = self.rows[row].tokens - 1.0
-            if gain > 0 and gain / extra > margin * tokens / seconds:
-                tokens, seconds = tokens + gain, seconds + extra
-                drafting.add(row)
-        for row in candidates:
-            self._set(row, row in drafting)
+        margin = 1.0 if self.plain_seconds is not None else self.calibration_margin
+        break_even = 1.0 + margin * self._extra_seconds() / max(self._plain_seconds(), 1e-9)
+        for row in rows:
+            state = self.rows[row]
+            if state.tokens is not None and not (state.plain and row not in self.probing):
+                self._set(row, state.tokens > break_even)
 
     def _set(self, row: int, drafts: bool) -> None:
         """Holds row `row` plain (after `min_drafted_steps` drafted steps), or lets it draft."""

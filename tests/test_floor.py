@@ -130,6 +130,23 @@ def test_a_row_at_break_even_costs_keeps_drafting_only_when_its_tokens_pay():
         assert (lengths[-10:].count(0) == 0) == pays
 
 
+def test_in_a_batch_each_row_is_judged_against_the_plain_steps_it_would_run():
+    """Two rows committing 1 and 2 tokens by turns (about 1.5 per draft) at 3 ms per drafting row over a 10 ms plain
+    step: each pays alone (break-even 1.3 tokens), so both keep drafting; the batch's tokens per second (1.5 - 1
+    tokens for 3 ms against 2 rows' tokens for 10 ms) would have held both plain, though the call waits for its
+    last row whatever the other does."""
+    floor = PlainFloor()
+    drafted = []
+    for step in range(40):
+        lengths = floor.budgets([0, 1], [K, K])
+        accepted = [step % 2 if k else 0 for k in lengths]
+        nodes = [K if k else 0 for k in lengths]
+        floor.update(step_outcomes(K, nodes, nodes, accepted), 0.003 * sum(map(bool, lengths)), 0.010)
+        drafted.append(lengths)
+    assert all(lengths == [K, K] for lengths in drafted[-20:])
+    assert floor.num_plain_steps(0) + floor.num_plain_steps(1) <= 2  # the first drafts' average is low
+
+
 # ---------------------------------------------------------------- losslessness with the floor's decisions
 
 
