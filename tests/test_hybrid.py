@@ -135,9 +135,36 @@ def test_the_model_free_draft_is_taken_when_it_promises_more_tokens_per_second()
     assert state.takes_model_free(0.5, 3) and not state.takes_model_free(0.0, 3)  # 1.125 and 1 against 3 * 0.34
 
 
+@pytest.mark.parametrize("num_correct, short", [(1, True), (4, False)])
+def test_the_model_draft_length_follows_the_measured_acceptance(zoo, monkeypatch, num_correct, short):
+    """A model drafter right for 1 token of 4, with a target forward of 10 ms plus 1 ms per token: after a few
+    steps the hybrid asks it for at most 2 tokens (more would commit no more and cost more); a drafter right for
+    all 4 keeps drafting 4."""
+    from hf_speculators.drafters import hybrid
+    from test_schedules import simulated_clock
+
+    model = zoo.target("llama")
+    reference = zoo.reference("llama", "random", max_new_tokens=64)
+    scripted = ScriptedDrafter(reference, 4, num_correct=num_correct)
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8, max_cached_requests=0), scripted)
+    with simulated_clock(monkeypatch, {model: (0.010, 0.001)}):
+        monkeypatch.setattr(hybrid, "clock", lambda device: hs.loop.clock(device))
+        out = speculative_generate(model, prompt_ids("random"), drafter, max_new_tokens=64, plain_floor=False)
+    assert torch.equal(out, reference)
+    asked = [max_tokens for _, max_tokens in scripted.calls]
+    assert asked[0] == 4
+    later = asked[len(asked) // 2 :]
+    if short:  # the unasked second position drifts back to its prior, so 2 is retried every other step or so
+        assert max(later) <= 2 and later.count(1) >= len(later) // 3
+    else:  # one exploration step at 3
+        assert later.count(4) >= len(later) - 1
+
+
 def test_a_model_free_drafter_must_score_its_drafts(zoo):
     with pytest.raises(ValueError, match="scores its drafts"):
         hs.HybridDrafter(hs.PromptLookupDrafter(), hs.SuffixDrafter())
+    with pytest.raises(ValueError, match="model_schedule must be one of"):
+        hs.HybridDrafter(hs.SuffixDrafter(), hs.PromptLookupDrafter(), model_schedule="adaptive")
 
 
 def test_configs_and_named_methods_build_the_model_free_drafters(zoo):

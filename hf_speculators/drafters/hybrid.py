@@ -9,7 +9,8 @@ import torch
 
 from ..draft import Draft
 from ..metrics import clock
-from ..step import Proposal
+from ..schedules import SCHEDULES, DraftLengthSchedule, make_schedule
+from ..step import Proposal, RowOutcome
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 from .eagle import EAGLE_HEAD
 from .spec import DRAFT_MODEL, MethodSpec, Setting, Variant
@@ -35,6 +36,11 @@ class HybridState(DraftState):
             `propose` to its `observe` (drafting, the target's forward, verification; not the plain steps the loop
             may run before the next draft), and count for the model when any row of it drafted with the model.
         step_started (`tuple[str, float]`, *optional*): the source and start time of the step in flight.
+        model_lengths (`DraftLengthSchedule`, *optional*): chooses the model drafter's draft length each step
+            (the goodput schedule: from its drafts' acceptance per position and the measured costs of this call's
+            model-drafted steps).
+        model_step (`tuple`, *optional*): of the step in flight, if the model drafted: its rows' draft lengths asked,
+            draft tokens and depths (`{row: (asked, nodes, depth)}`), its drafting seconds and the time drafting ended.
     """
 
     model_free: DraftState | None = None
@@ -44,6 +50,26 @@ class HybridState(DraftState):
     free_scores: float = 0.0
     step_seconds: dict = field(default_factory=lambda: {source: [0, 0.0] for source in SOURCES})
     step_started: tuple | None = None
+    model_lengths: DraftLengthSchedule | None = None
+    model_step: tuple | None = None
+
+    def model_draft_length(self) -> int:
+        """The model drafter's draft length for the next step: its schedule's, at least 1 (whether a row drafts at
+        all is the plain-speed floor's decision) and at most the model drafter's `num_draft_tokens` (the heuristic
+        schedule has no bound)."""
+        return min(max(1, self.model_lengths.draft_length), self.model_lengths.num_draft_tokens)
+
+    def observe_model_step(self, num_accepted: dict[int, int], now: float) -> None:
+        """Hands the step in flight's model-drafted rows (their accepted tokens `num_accepted` by row) and costs to
+        the model's draft-length schedule."""
+        if self.model_step is None:
+            return
+        lengths, draft_seconds, drafted_at = self.model_step
+        outcomes = [RowOutcome(row, asked, nodes, depth, list(range(num_accepted[row])), num_accepted[row] + 1, False)
+                    for row, (asked, nodes, depth) in lengths.items() if row in num_accepted]
+        if outcomes:
+            self.model_lengths.update(outcomes, draft_seconds, now - drafted_at)
+        self.model_step = None
 
     def expected_model_accepted(self, budget: int) -> float:
         """Accepted tokens per model draft so far in this call; before the first, the model's draft length (the
@@ -98,7 +124,11 @@ class HybridDrafter(Drafter):
     and `c_free / c_model` the measured seconds of a model-free step over a model step (prior 1). With both priors
     this is Arctic Inference's threshold (score >= m; a tie goes to the draft that costs no forward); on a CPU,
     where a model draft costs a large part of a target forward, the model-free draft is taken at lower scores.
-    The other rows take the model's draft. When every
+    The other rows take the model's draft, as long as `model_schedule` chooses; by default a goodput schedule over
+    this call's model-drafted steps (`GoodputSchedule`: the length in `1..num_draft_tokens` of the model drafter of
+    the most expected tokens per second, from its drafts' acceptance per position and the measured seconds of
+    drafting and verifying), so under sampling, where a draft model's later tokens are seldom accepted, its drafts
+    shorten, and where they are accepted they stay at `num_draft_tokens`. When every
     row takes the model-free draft the model drafter is not run that step (it catches up with the committed tokens
     at its next call, as after any step). If the model drafter asks to resume the target's forward from its exit
     layer (layer skip), every row takes its draft that step. The target's features, when the model drafter reads
@@ -112,20 +142,25 @@ class HybridDrafter(Drafter):
         model_free (`Drafter`): a drafter with `scored_draft(state, input_ids, max_tokens, row)` returning a draft
             with its `score` (`SuffixDrafter`).
         model_drafter (`Drafter`): the model drafter (`DraftModelDrafter`, `EagleDrafter`, ...).
+        model_schedule (`str`, defaults to `"goodput"`): the model drafter's draft-length schedule, a key of
+            `hf_speculators.schedules.SCHEDULES` (`"constant"`: its `num_draft_tokens` every step).
 
     Raises:
-        `ValueError`: a `model_free` drafter without `scored_draft`.
+        `ValueError`: a `model_free` drafter without `scored_draft`; an unknown `model_schedule`.
     """
 
     name = "hybrid"
     state_class = HybridState
 
-    def __init__(self, model_free: Drafter, model_drafter: Drafter):
+    def __init__(self, model_free: Drafter, model_drafter: Drafter, model_schedule: str = "goodput"):
         if not hasattr(model_free, "scored_draft"):
             raise ValueError(f"HybridDrafter needs a model-free drafter that scores its drafts (SuffixDrafter), got "
                              f"{type(model_free).__name__}.")
         super().__init__(max(model_free.num_draft_tokens, model_drafter.num_draft_tokens))
-        self.model_free, self.model_drafter = model_free, model_drafter
+        if model_schedule not in SCHEDULES:
+            raise ValueError(f"HybridDrafter's model_schedule must be one of {sorted(SCHEDULES)}, got "
+                             f"{model_schedule!r}.")
+        self.model_free, self.model_drafter, self.model_schedule = model_free, model_drafter, model_schedule
 
     @property
     def drafts_trees(self) -> bool:
@@ -148,12 +183,13 @@ class HybridDrafter(Drafter):
                   if f.name not in ("target", "generation_config")}
         state.model_free = self.model_free.new_state(state.target, state.generation_config, **shared)
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
+        state.model_lengths = make_schedule(self.model_schedule, self.model_drafter.num_draft_tokens)
 
     def propose(self, state: HybridState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
                 rows: Sequence[int]) -> Proposal:
         now = clock(input_ids[0].device)
         free_budgets = [min(budget, self.model_free.num_draft_tokens) for budget in max_tokens]
-        model_budgets = [min(budget, self.model_drafter.num_draft_tokens) for budget in max_tokens]
+        model_budgets = [min(budget, state.model_draft_length()) for budget in max_tokens]
         scored = [self.model_free.scored_draft(state.model_free, ids, budget, row) if budget > 0 else None
                   for ids, budget, row in zip(input_ids, free_budgets, rows)]
         use_free = [draft is not None and draft.token_ids and state.takes_model_free(draft.score, budget)
@@ -164,6 +200,9 @@ class HybridDrafter(Drafter):
             model_drafts, resume = model.drafts, model.resume
             if resume is not None:  # the target resumes from the model's draft forward: its drafts only
                 use_free = [False] * len(rows)
+            drafted_at = clock(input_ids[0].device)
+            state.model_step = ({row: (budget, draft.num_nodes, draft.tree.depth) for row, budget, draft, free in zip(
+                rows, model_budgets, model_drafts, use_free) if not free}, drafted_at - now, drafted_at)
         state.time_step(SOURCES[0] if all(use_free) else SOURCES[1], now)
         state.free_scores += sum(draft.score for draft, free in zip(scored, use_free) if free)
         drafts = []
@@ -181,7 +220,9 @@ class HybridDrafter(Drafter):
         """Ends the step's timing, credits each row's draft source with its accepted tokens; both drafters take the
         feedback."""
         if feedback.num_accepted is not None:  # after a step, not a prefill
-            state.time_step(None, clock(state.target.device))
+            now = clock(state.target.device)
+            state.time_step(None, now)
+            state.observe_model_step(dict(zip(feedback.rows, feedback.num_accepted)), now)
         for row, accepted in zip(feedback.rows, feedback.num_accepted or []):
             if row in state.last:
                 state.figures[state.last.pop(row)][2] += accepted

@@ -1,0 +1,84 @@
+"""The default hybrid's model draft length: chosen by its goodput schedule, against a constant one, beside plain.
+
+`generate` with the `demo-hybrid` preset's drafter (suffix decoding with the demo draft model, k = 3) runs each
+batch of prompts three ways, in turns (the order reversed every other batch): plain `generate()`, the hybrid as
+it ships (`model_schedule="goodput"`: the model part drafts 1 to 3 tokens, as its measured acceptance and costs
+say) and the hybrid with the model part at a constant 3 (`model_schedule="constant"`, as before). Each hybrid has
+its own drafter, whose cross-call memory is cleared after the warm-up. It prints, per seed, each method's total
+seconds and speedup over plain (wall time, one thread), and the model part's drafted and accepted tokens.
+
+    python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
+    python examples/hybrid_model_lengths.py --prompts held_out.jsonl [--batch-size 1] [--do-sample] [--seeds 1,2,3]
+"""
+
+import argparse
+import time
+
+import torch
+
+import hf_speculators as hs
+from hf_speculators.config.build import build_drafter
+from hf_speculators.loading import load_model, load_tokenizer
+from hf_speculators.prompts import load_prompts
+
+METHODS = ("plain", "goodput", "constant")
+
+
+def hybrid(config, model, tokenizer, model_schedule: str) -> hs.HybridDrafter:
+    """The preset's hybrid drafter with the model part's draft lengths chosen by `model_schedule`."""
+    built = build_drafter(config, model, tokenizer)
+    return hs.HybridDrafter(built.model_free, built.model_drafter, model_schedule=model_schedule)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", required=True, help="a prompt file (JSONL) or spec-bench")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--seeds", default="1", help="comma-separated: one pass over the prompts per seed")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer("hf_speculators/demo-target")
+    tokenizer.padding_side = "left"
+    model = load_model("hf_speculators/demo-target")
+    hs.enable(model)
+    config = hs.SpeculativeConfig.from_pretrained("demo-hybrid")
+    drafters = {name: hybrid(config, model, tokenizer, name) for name in METHODS[1:]}
+    texts = [prompt.text for prompt in load_prompts(args.prompts, args.limit)]
+    batches = [texts[i : i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
+    options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, pad_token_id=tokenizer.pad_token_id,
+                   **({"temperature": args.temperature} if args.do_sample else {}))
+
+    def run(name: str, batch: list[str], seed: int):
+        inputs = tokenizer(batch, padding=True, return_tensors="pt")
+        if name == "plain":
+            torch.manual_seed(seed)
+            return model.generate(**inputs, **options)
+        return model.generate(**inputs, **options, candidate_generator=drafters[name], tokenizer=tokenizer,
+                              generator=torch.Generator().manual_seed(seed), return_dict_in_generate=True)
+
+    for name in METHODS:  # warm-up
+        run(name, batches[0], 0)
+    for drafter in drafters.values():
+        drafter.clear_cache()
+    for seed in (int(seed) for seed in args.seeds.split(",")):
+        seconds, model_figures = dict.fromkeys(METHODS, 0.0), {name: [0, 0, 0] for name in drafters}
+        for index, batch in enumerate(batches):
+            for name in METHODS if index % 2 == 0 else METHODS[::-1]:
+                start = time.perf_counter()
+                out = run(name, batch, seed * 1000 + index)
+                seconds[name] += time.perf_counter() - start
+                if name != "plain":
+                    figures = out.speculative_stats.drafter_stats["model"]
+                    for i, key in enumerate(("steps", "drafted_tokens", "accepted_tokens")):
+                        model_figures[name][i] += figures[key]
+        print(f"seed {seed}: " + ", ".join(f"{name} {seconds[name]:.2f} s ({seconds['plain'] / seconds[name]:.3f}x)"
+                                           for name in METHODS) + "; model part (steps, drafted, accepted): " +
+              ", ".join(f"{name} {tuple(figures)}" for name, figures in model_figures.items()))
+
+
+if __name__ == "__main__":
+    main()
