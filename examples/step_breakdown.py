@@ -1,0 +1,107 @@
+"""Where an eager call of the default job spends its time: per phase of the loop, per verify width, against plain.
+
+Runs the `demo-hybrid` preset's drafter (eager, one thread) on `--limit` prompts of a prompt file, once to warm
+up (its cross-call memory cleared after), then again with the loop's phases timed by wrappers around its methods
+(`prefill`, `_propose`, the target forward, `_verify_and_commit`, `_feedback`, `_keep_slots`, `_observe`), then
+plain `generate()` on the same prompts. Prints each phase's total and per-call milliseconds, the target forward's
+median milliseconds per query width (chains and trees apart), and tokens per step against plain's milliseconds per
+token. Wall time on a shared machine: compare within one run.
+
+    python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
+    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample]
+"""
+
+import argparse
+import statistics
+import time
+from collections import Counter, defaultdict
+
+import torch
+
+import hf_speculators as hs
+from hf_speculators import loop, target
+from hf_speculators.config.build import build_drafter
+from hf_speculators.loading import load_model, load_tokenizer
+from hf_speculators.prompts import load_prompts
+
+PHASES = {"prefill": loop.SpeculativeLoop, "step": loop.SpeculativeLoop, "_propose": loop.SpeculativeLoop,
+          "_verify_and_commit": loop.SpeculativeLoop, "_feedback": loop.SpeculativeLoop,
+          "_keep_slots": loop.SpeculativeLoop, "_observe": loop.SpeculativeLoop}
+
+
+class Timings:
+    """Seconds and calls per phase, and the target forward's seconds per (query width, tree) pair."""
+
+    def __init__(self):
+        self.seconds, self.calls, self.widths = defaultdict(float), Counter(), defaultdict(list)
+
+    def timed(self, name: str, method):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            return result
+        return wrapper
+
+    def timed_forward(self, method):
+        def wrapper(forward, cache, query, *args, **kwargs):
+            start = time.perf_counter()
+            result = method(forward, cache, query, *args, **kwargs)
+            self.widths[(query.valid.shape[1], query.visible is not None)].append(time.perf_counter() - start)
+            return result
+        return wrapper
+
+    def install(self) -> None:
+        for name, owner in PHASES.items():
+            setattr(owner, name, self.timed(name, getattr(owner, name)))
+        target.TargetForward.__call__ = self.timed("target forward", self.timed_forward(target.TargetForward.__call__))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", required=True, help="a prompt file (JSONL) or spec-bench")
+    parser.add_argument("--limit", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokenizer = load_tokenizer("hf_speculators/demo-target")
+    model = load_model("hf_speculators/demo-target")
+    hs.enable(model)
+    drafter = build_drafter(hs.SpeculativeConfig.from_pretrained("demo-hybrid"), model, tokenizer)
+    encoded = [tokenizer(prompt.text, return_tensors="pt") for prompt in load_prompts(args.prompts, args.limit)]
+    options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                   **({"temperature": args.temperature} if args.do_sample else {}))
+
+    def calls(speculative: bool) -> tuple[float, int]:
+        start, new_tokens = time.perf_counter(), 0
+        for seed, inputs in enumerate(encoded):
+            torch.manual_seed(seed)
+            extra = dict(candidate_generator=drafter, tokenizer=tokenizer,
+                         generator=torch.Generator().manual_seed(seed)) if speculative else {}
+            new_tokens += model.generate(**inputs, **options, **extra).shape[1] - inputs.input_ids.shape[1]
+        return time.perf_counter() - start, new_tokens
+
+    calls(True)  # warm-up
+    drafter.clear_cache()
+    timings = Timings()
+    timings.install()
+    seconds, new_tokens = calls(True)
+    plain_seconds, plain_tokens = calls(False)
+    for name in ("prefill", "step", "_propose", "target forward", "_verify_and_commit", "_feedback", "_keep_slots",
+                 "_observe"):
+        print(f"{name:20s} {timings.seconds[name]:7.3f} s  {timings.calls[name]:5d} calls  "
+              f"{1e3 * timings.seconds[name] / max(timings.calls[name], 1):6.2f} ms each")
+    print("target forward by query width (tree or not): " + ", ".join(
+        f"{width}{' tree' if tree else ''}: {len(times)} x {1e3 * statistics.median(times):.2f} ms"
+        for (width, tree), times in sorted(timings.widths.items()) if len(times) >= 3))
+    steps = timings.calls["step"]
+    print(f"ours: {seconds:.2f} s, {new_tokens / steps:.2f} tokens per step, {1e3 * timings.seconds['step'] / new_tokens:.2f}"
+          f" ms per token in steps; plain: {plain_seconds:.2f} s, {1e3 * plain_seconds / plain_tokens:.2f} ms per token;"
+          f" {plain_seconds / plain_tokens / (seconds / new_tokens):.2f}x plain")
+
+
+if __name__ == "__main__":
+    main()
