@@ -24,9 +24,7 @@ from hf_speculators.config.build import build_drafter
 from hf_speculators.loading import load_model, load_tokenizer
 from hf_speculators.prompts import load_prompts
 
-PHASES = {"prefill": loop.SpeculativeLoop, "step": loop.SpeculativeLoop, "_propose": loop.SpeculativeLoop,
-          "_verify_and_commit": loop.SpeculativeLoop, "_feedback": loop.SpeculativeLoop,
-          "_keep_slots": loop.SpeculativeLoop, "_observe": loop.SpeculativeLoop}
+PHASES = ("prefill", "step", "_propose", "_verify_and_commit", "_feedback", "_keep_slots", "_observe")  # the loop's
 
 
 class Timings:
@@ -53,8 +51,8 @@ class Timings:
         return wrapper
 
     def install(self) -> None:
-        for name, owner in PHASES.items():
-            setattr(owner, name, self.timed(name, getattr(owner, name)))
+        for name in PHASES:
+            setattr(loop.SpeculativeLoop, name, self.timed(name, getattr(loop.SpeculativeLoop, name)))
         target.TargetForward.__call__ = self.timed("target forward", self.timed_forward(target.TargetForward.__call__))
 
 
@@ -90,17 +88,16 @@ def main() -> None:
     timings.install()
     seconds, new_tokens = calls(True)
     plain_seconds, plain_tokens = calls(False)
-    for name in ("prefill", "step", "_propose", "target forward", "_verify_and_commit", "_feedback", "_keep_slots",
-                 "_observe"):
+    for name in (*PHASES[:3], "target forward", *PHASES[3:]):
         print(f"{name:20s} {timings.seconds[name]:7.3f} s  {timings.calls[name]:5d} calls  "
               f"{1e3 * timings.seconds[name] / max(timings.calls[name], 1):6.2f} ms each")
     print("target forward by query width (tree or not): " + ", ".join(
         f"{width}{' tree' if tree else ''}: {len(times)} x {1e3 * statistics.median(times):.2f} ms"
         for (width, tree), times in sorted(timings.widths.items()) if len(times) >= 3))
-    steps = timings.calls["step"]
-    print(f"ours: {seconds:.2f} s, {new_tokens / steps:.2f} tokens per step, {1e3 * timings.seconds['step'] / new_tokens:.2f}"
-          f" ms per token in steps; plain: {plain_seconds:.2f} s, {1e3 * plain_seconds / plain_tokens:.2f} ms per token;"
-          f" {plain_seconds / plain_tokens / (seconds / new_tokens):.2f}x plain")
+    per_token, plain_per_token = seconds / new_tokens, plain_seconds / plain_tokens
+    print(f"ours: {seconds:.2f} s, {new_tokens / timings.calls['step']:.2f} tokens per step, "
+          f"{1e3 * timings.seconds['step'] / new_tokens:.2f} ms per token in steps; plain: {plain_seconds:.2f} s, "
+          f"{1e3 * plain_per_token:.2f} ms per token; {plain_per_token / per_token:.2f}x plain")
 
 
 if __name__ == "__main__":
