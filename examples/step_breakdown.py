@@ -8,7 +8,10 @@ median milliseconds per query width (chains and trees apart), and tokens per ste
 token. Wall time on a shared machine: compare within one run.
 
     python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
-    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample]
+    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile]
+
+With `--compile`, both ours and plain decode compiled (the bench's `--compile`: a static cache and transformers'
+`CompileConfig`, `tools.bench.engines.compiled_kwargs`); the warm-up call compiles, plain's own warm-up runs first.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from hf_speculators import loop, target
 from hf_speculators.config.build import build_drafter
 from hf_speculators.loading import load_model, load_tokenizer
 from hf_speculators.prompts import load_prompts
+from hf_speculators.tools.bench.engines import compiled_kwargs
 
 PHASES = ("prefill", "step", "_propose", "_verify_and_commit", "_feedback", "_keep_slots", "_observe")  # the loop's
 
@@ -63,6 +67,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--compile", action="store_true", help="ours and plain compiled, as the bench's --compile")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = load_tokenizer("hf_speculators/demo-target")
@@ -71,7 +76,8 @@ def main() -> None:
     drafter = build_drafter(hs.SpeculativeConfig.from_pretrained("demo-hybrid"), model, tokenizer)
     encoded = [tokenizer(prompt.text, return_tensors="pt") for prompt in load_prompts(args.prompts, args.limit)]
     options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-                   **({"temperature": args.temperature} if args.do_sample else {}))
+                   **({"temperature": args.temperature} if args.do_sample else {}),
+                   **(compiled_kwargs(model) if args.compile else {}))
 
     def calls(speculative: bool) -> tuple[float, int]:
         start, new_tokens = time.perf_counter(), 0
@@ -83,6 +89,8 @@ def main() -> None:
         return time.perf_counter() - start, new_tokens
 
     calls(True)  # warm-up
+    if args.compile:  # plain-compiled compiles its own graphs
+        calls(False)
     drafter.clear_cache()
     timings = Timings()
     timings.install()

@@ -45,11 +45,15 @@ class RowOfBatch:
         return scores
 
 
+def _listed(logits_processor) -> LogitsProcessorList:
+    """The processors of `logits_processor`, a `LogitsProcessorList` or a `RowOfBatch` of one."""
+    return logits_processor.processors if isinstance(logits_processor, RowOfBatch) else logits_processor
+
+
 def rows_independent(logits_processor) -> bool:
     """Whether every processor of `logits_processor` (a `LogitsProcessorList` or a `RowOfBatch` of one) is one of
     `ROW_INDEPENDENT_PROCESSORS`, so that many rows can be processed in one call."""
-    processors = logits_processor.processors if isinstance(logits_processor, RowOfBatch) else logits_processor
-    return all(type(processor) in ROW_INDEPENDENT_PROCESSORS for processor in processors)
+    return all(type(processor) in ROW_INDEPENDENT_PROCESSORS for processor in _listed(logits_processor))
 
 
 def row_processors(processors: LogitsProcessorList, batch_size: int, row: int):
@@ -80,7 +84,10 @@ def process_logits(
     if not logits_processor:
         return scores
     if rows_independent(logits_processor):  # the prefix is not read: the first stands for all
-        return logits_processor(next(iter(prefixes), None), scores.clone())
+        prefix, scores = next(iter(prefixes), None), scores.clone()
+        for processor in _listed(logits_processor):  # called as the list calls them, without its per-call
+            scores = processor(prefix, scores)  # `inspect.signature` of each (30 us of a 75 us call on a CPU)
+        return scores
     rows = [logits_processor(prefix, scores[i : i + 1].clone()) for i, prefix in enumerate(prefixes)]
     return torch.cat(rows, dim=0)
 

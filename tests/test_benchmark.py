@@ -336,6 +336,16 @@ def test_summarize_pools_totals():
     assert summary["all"]["plain"]["draft_cost_ratio"] is None
 
 
+def test_the_compiled_lead_kept_divides_the_compiled_lead_by_the_eager_one():
+    records = [{"category": "all", "method": method, "new_tokens": 60, "seconds": seconds, "forward_seconds": None,
+                "identical_to_plain": True, "num_drafts": None}
+               for method, seconds in (("plain", 3.0), ("plain-compiled", 2.0), ("hybrid", 1.5), ("hybrid[eager]", 1.0))]
+    figures = summarize(records)["all"]
+    # compiled lead 2.0 / 1.5, eager lead 3.0 / 1.0: it keeps (4 / 3) / 3 of it
+    assert figures["hybrid"]["lead_kept"] == pytest.approx(4 / 9)
+    assert figures["hybrid[eager]"]["lead_kept"] is None and figures["plain"]["lead_kept"] is None
+
+
 def test_summaries_add_the_best_k_per_category_and_the_floors_share_of_plain_steps():
     def record(category, method, seconds, floor_steps=None):
         stats = {"num_drafts": None} if floor_steps is None else {
@@ -458,17 +468,28 @@ def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft,
         config._compile_all_devices = kwargs["compile_config"]._compile_all_devices
         return {**kwargs, "compile_config": config}
 
+    calls, timed = [], bench_run.timed_generate  # per generate call: (one of ours, with a static cache)
+
+    def recorded(target, batch, kwargs, settings):
+        calls.append(("candidate_generator" in kwargs, kwargs.get("cache_implementation") == "static"))
+        return timed(target, batch, kwargs, settings)
+
     monkeypatch.setattr(bench_run, "compiled_kwargs", eager_backend)
+    monkeypatch.setattr(bench_run, "timed_generate", recorded)
     torch._dynamo.reset()
-    result = bench(target, draft, tokenizer, verbose=False, methods=["draft-model", "hf-assisted"], compile=True)
+    result = bench(target, draft, tokenizer, verbose=False, methods=["draft-model", "hf-assisted"], compile=True,
+                   compare_eager=True)
+    assert {(True, True), (True, False)} <= set(calls)  # draft-model compiled and draft-model[eager]
     assert result.ok and all(r["identical_to_plain"] for r in result.records)
     baselines = ["hf-assisted"] if bench_run.STATIC_ASSISTED else []  # 5.23: skipped, with its reason
-    assert list(result.summary["all"]) == ["plain", "plain-compiled", *baselines, "draft-model"]
+    assert list(result.summary["all"]) == ["plain", "plain-compiled", *baselines, "draft-model", "draft-model[eager]"]
     assert bench_run.STATIC_ASSISTED or "hf-assisted" in result.skipped
     assert result.summary["all"]["plain-compiled"]["speedup_vs_compiled"] == pytest.approx(1.0)
     assert all(r["forward_seconds"] is None for r in result.records)  # no hooks in compiled forwards
     assert counters["stats"]["unique_graphs"] >= 2  # plain-compiled's graph and our step graph
-    assert "speedup vs plain-compiled" in result.table()
+    assert result.summary["all"]["draft-model"]["lead_kept"] > 0
+    assert result.summary["all"]["plain-compiled"]["lead_kept"] is None  # it has no eager counterpart
+    assert "speedup vs plain-compiled" in result.table() and "compiled lead kept" in result.table()
 
 
 def test_held_out_prompts_are_three_kinds_of_text_the_bench_reads(tmp_path, monkeypatch):

@@ -101,6 +101,7 @@ BAD_INPUTS = [
     (["bench", "--prompts", "{prompts}", "--methods", "plain,jacobi"], "Unknown benchmark methods ['jacobi']"),
     (["bench", "--prompts", "{prompts}", "--methods", "layer-skip"], "need an exit layer"),
     (["bench", "--prompts", "{prompts}", "--limit", "0"], "--limit: expected an integer >= 1"),
+    (["bench", "--prompts", "{prompts}", "--compare-eager"], "pass --compile too"),
     (["bench", "--prompts", "{prompts}", "--batch-size", "0"], "--batch-size: expected an integer >= 1"),
     (["bench", "--prompts", "{prompts}", "--variants", "goodput:x"], "expected comma-separated K or SCHEDULE:K"),
     (["bench", "--prompts", "{prompts}", "--draft-vocab-size", "3"], "pass --draft-vocab as well"),

@@ -19,7 +19,8 @@ NOW = snapshot()
 # flags added since the pins (command -> flags): every command with drafter settings offers all the specs' settings,
 # suffix decoding's max_spec_offset among them
 NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile"},
-             "bench": {"--min-ngram-size", "--max-spec-offset", "--compile", "--baseline-k", "--compare-floor"},
+             "bench": {"--min-ngram-size", "--max-spec-offset", "--compile", "--baseline-k", "--compare-floor",
+                       "--compare-eager"},
              "sweep": {"--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
                        "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
                        "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",

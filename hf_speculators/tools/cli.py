@@ -177,11 +177,14 @@ def _interrupted(args) -> int:
 
 def run_bench(args) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.compare_eager and not args.compile:
+        raise ValueError("--compare-eager runs our methods eagerly beside their compiled runs: pass --compile too.")
     if args.draft_vocab_size is not None and args.draft_vocab is None:
         raise ValueError("--draft-vocab-size takes the first ids of a token ranking: pass --draft-vocab as well.")
     options = {**_method_options(args), "num_draft_tokens": args.num_draft_tokens or 5}
     methods = named_methods(names, variants=args.variants, baseline_ks=args.baseline_k,
-                            compare_floor=args.compare_floor, verification=_verifier(args),
+                            compare_floor=args.compare_floor, compare_eager=args.compare_eager,
+                            verification=_verifier(args),
                             num_draft_tokens_schedule=args.num_draft_tokens_schedule, **options)
     settings = _bench_settings(args)
     prompts = load_prompts(args.prompts, args.limit)

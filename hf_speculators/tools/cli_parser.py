@@ -214,6 +214,9 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                             "tables add each one's best K per category")
     bench.add_argument("--compare-floor", action="store_true",
                        help="also run each of our methods without the plain-speed floor (labelled [no floor])")
+    bench.add_argument("--compare-eager", action="store_true",
+                       help="with --compile, also run each of our methods eagerly (labelled [eager]); the tables add "
+                            "the share of its eager lead over plain that it keeps compiled")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")

@@ -1,6 +1,7 @@
 """The same preset in our `generate()` and in vLLM's CPU build: batch-1 latency and batch-8 throughput of every
 exportable demo preset and of plain decoding, on the same token-id prompts, one thread each. Run it as
-`python -m hf_speculators.vllm_check.bench --out records.jsonl` (vLLM's environment: `tests/make_vllm_env.sh`);
+`python -m hf_speculators.vllm_check.bench --out records.jsonl [--prompt-set FILE]` (vLLM's environment:
+`tests/make_vllm_env.sh`);
 docs/benchmarks/vllm.md holds its figures."""
 
 import argparse
@@ -85,7 +86,9 @@ def _measure(name, model, prompts, max_new_tokens, pad_id, target, vllm_python, 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8, help="Spec-Bench prompts (the batch size of batch 8)")
+    parser.add_argument("--prompts", type=int, default=8, help="how many prompts (the batch size of batch 8)")
+    parser.add_argument("--prompt-set", default="spec-bench",
+                        help="where the prompts come from: spec-bench or a prompts file (JSONL, as the bench reads)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--presets", default=",".join(["plain", *DEMO_PRESETS]))
     parser.add_argument("--vllm-python", default=None)
@@ -94,7 +97,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     folder = resolve_model_id(TARGET)
     model, tokenizer = load_model(folder), load_tokenizer(folder)
-    prompts = encode_prompts(tokenizer, args.prompts)
+    prompts = encode_prompts(tokenizer, args.prompts, args.prompt_set)
     for name in args.presets.split(","):
         record = measure(None if name == "plain" else name, model, prompts, args.max_new_tokens,
                          tokenizer.pad_token_id, folder, args.vllm_python)

@@ -99,8 +99,8 @@ def run_benchmark(
     batches = make_batches(encoded, settings.batch_size, pad_token(tokenizer))
     compiled = compiled_kwargs(target) if settings.compile else None
     kwargs = {"plain": {}} | ({COMPILED_PLAIN: compiled} if compiled else {}) | {
-        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer) | (compiled or {})
-        for label, m in methods.items()}
+        label: generate_kwargs(m, target, draft, settings.do_sample, tokenizer, draft_tokenizer)
+        | ({} if m.eager else compiled or {}) for label, m in methods.items()}
     skipped = {label: reason for label, kw in kwargs.items() if settings.batch_size > 1
                for reason in [batch_skip_reason(kw)] if reason is not None}
     if compiled and not STATIC_ASSISTED:
@@ -109,6 +109,7 @@ def run_benchmark(
     kwargs = {label: kw for label, kw in kwargs.items() if label not in skipped}
     run = {"settings": {**settings.recorded(), "max_prompt_tokens": budget, "chat_template": chat_template},
            "methods": {label: {"engine": m.engine, **({} if m.plain_floor is None else {"plain_floor": m.plain_floor}),
+                               **({"eager": True} if m.eager else {}),
                                **m.config.to_dict()} for label, m in methods.items()},
            "prompts": prompts_fingerprint(prompts), "skipped_methods": skipped}
     with ExitStack() as stack:

@@ -55,6 +55,7 @@ def draft_model_methods() -> tuple[str, ...]:
 
 ENGINES = ("hf_speculators", "transformers")
 NO_FLOOR = "[no floor]"  # the label suffix of a method run without the plain-speed floor (`compare_floor`)
+EAGER = "[eager]"  # the label suffix of a method run eagerly in a compiled run (`compare_eager`)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class BenchMethod:
         plain_floor (`bool`, *optional*): with `engine="hf_speculators"`, `generate(plain_floor=...)`: whether
             the plain-speed floor holds rows plain while their drafts lose (`hf_speculators.floor`; default:
             `generate`'s, on under greedy decoding only).
+        eager (`bool`, defaults to `False`): in a compiled run (`BenchSettings.compile`), run this method eagerly all
+            the same, so that its eager lead over plain is measured beside its compiled lead (`compare_eager`).
 
     Raises:
         `ValueError`: an unknown engine, or a transformers method it has no equivalent for.
@@ -82,6 +85,7 @@ class BenchMethod:
     engine: str = "hf_speculators"
     universal: bool = False
     plain_floor: bool | None = None
+    eager: bool = False
 
     def __post_init__(self):
         if not isinstance(self.config, SpeculativeConfig):
@@ -187,6 +191,7 @@ def named_methods(
     variants: Sequence[tuple[int, str]] | None = None,
     baseline_ks: Sequence[int] | None = None,
     compare_floor: bool = False,
+    compare_eager: bool = False,
     num_draft_tokens: int = 5,
     max_ngram_size: int = 2,
     verification: str | None = None,
@@ -206,6 +211,8 @@ def named_methods(
             (`hf-prompt-lookup[k=8]`), whatever `variants` says; the summaries add each one's best k.
         compare_floor (`bool`, defaults to `False`): each of our methods also runs without the plain-speed floor,
             labelled `<label>[no floor]`.
+        compare_eager (`bool`, defaults to `False`): each of our methods also runs eagerly in a compiled run,
+            labelled `<label>[eager]` (the summaries' `lead_kept`).
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
         max_ngram_size (`int`, defaults to 2, transformers' default): longest n-gram of both prompt lookups.
         verification (`str`, *optional*): our methods' verifier (a key of `VERIFIERS`); default: exact for greedy
@@ -252,6 +259,8 @@ def named_methods(
             chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
             if compare_floor:
                 chosen[label + NO_FLOOR] = BenchMethod(chosen[label].config, plain_floor=False)
+            if compare_eager:
+                chosen[label + EAGER] = BenchMethod(chosen[label].config, eager=True)
     return chosen
 
 

@@ -6,12 +6,13 @@ from typing import Sequence
 
 from ...metrics import SpeculativeStats
 from .batches import padding_overhead
+from .settings import EAGER
 
 # how each summary figure is written, in the bench's tables and in `hf-speculators report`
 FIGURE_FORMATS = {
     "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "speedup_vs_compiled": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
     "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
-    "mean_draft_length": "{:.2f}", "floor_share": "{:.0%}",
+    "mean_draft_length": "{:.2f}", "floor_share": "{:.0%}", "lead_kept": "{:.2f}",
 }
 BEST_K = "[best k]"  # the label suffix of a method's best constant length in a category (`best_of_k`)
 
@@ -49,6 +50,8 @@ class BenchmarkResult:
             ("tokens/s (total new tokens / total seconds)", "tokens_per_s"),
             ("speedup vs plain (ratio of tokens/s)", "speedup"),
             ("speedup vs plain-compiled (static cache + torch.compile; ratio of tokens/s)", "speedup_vs_compiled"),
+            ("compiled lead kept ((ours / plain-compiled) / (ours[eager] / plain); with --compare-eager)",
+             "lead_kept"),
             ("mean acceptance length (tokens per draft, bonus included; - where none is reported)",
              "mean_acceptance_length"),
             ("identical-output rate (generated ids equal plain greedy's)", "identical_rate"),
@@ -58,7 +61,7 @@ class BenchmarkResult:
             ("share of row-steps the plain-speed floor ran plain (floor.py)", "floor_share"),
         ]
         lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks
-                 if key in self.summary["all"][methods[0]]]  # speedup_vs_compiled: only with plain-compiled
+                 if key in self.summary["all"][methods[0]]]  # speedup_vs_compiled, lead_kept: with plain-compiled
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
         lines += ["acceptance rate per draft position (all prompts)"] + [
             f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
@@ -126,13 +129,23 @@ def _summarize_group(records: list[dict]) -> dict[str, dict]:
     summary = {m: _summarize_method([r for r in records if r["method"] == m]) for m in methods}
     plain = summary.get("plain", {}).get("tokens_per_s")
     compiled = summary.get("plain-compiled", {}).get("tokens_per_s")  # `run.COMPILED_PLAIN`, with compile=True
-    for figures in summary.values():
+    for label, figures in summary.items():
         figures["speedup"] = figures["tokens_per_s"] / plain if plain else None
         if compiled:
             figures["speedup_vs_compiled"] = figures["tokens_per_s"] / compiled
+            figures["lead_kept"] = _lead_kept(summary, label, plain, compiled)
         per_token = figures.pop("draft_seconds_per_token")
         figures["draft_cost_ratio"] = per_token * plain if plain and per_token is not None else None
     return summary
+
+
+def _lead_kept(summary: dict[str, dict], label: str, plain: float | None, compiled: float) -> float | None:
+    """The share of its eager lead a method keeps compiled: `(tokens/s of label / plain-compiled's) / (tokens/s of
+    label[eager] / plain's)`; `None` without `label[eager]` (`settings.EAGER`) or plain in the group."""
+    eager = summary.get(label + "[eager]", {}).get("tokens_per_s")
+    if not eager or not plain:
+        return None
+    return (summary[label]["tokens_per_s"] / compiled) / (eager / plain)
 
 
 def _summarize_method(records: list[dict]) -> dict:
