@@ -66,7 +66,9 @@ def test_finished_rows_leave_a_static_batch(zoo):
 
 
 def test_length_buckets():
-    assert [length_bucket(n) for n in (1, 200, 256, 257, 600)] == [MIN_BUCKET, MIN_BUCKET, MIN_BUCKET, 512, 1024]
+    assert [length_bucket(n) for n in (1, 200, 256, 257, 600, 1252, 2048)] == [
+        MIN_BUCKET, MIN_BUCKET, MIN_BUCKET, 320, 640, 1280, 2048]
+    assert all(n <= length_bucket(n) <= 1.25 * n for n in range(MIN_BUCKET, 5000))
 
 
 def test_prefilled_static_cache_continues(zoo):
@@ -115,7 +117,7 @@ def test_a_tree_wider_than_the_estimate_grows_the_static_cache(zoo):
     out = speculative_generate(model, ids, WrongFirstTreeDrafter(reference, 3, share_tokens=True),
                                return_dict_in_generate=True, **STATIC)
     assert out.sequences.tolist() == reference.tolist()
-    assert output_cache(out).layers[0].max_cache_len == 2 * MIN_BUCKET
+    assert output_cache(out).layers[0].max_cache_len == length_bucket(MIN_BUCKET + 1) > MIN_BUCKET
 
 
 def test_compiled_token_trees_are_exact_in_few_graphs():
