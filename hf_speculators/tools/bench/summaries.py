@@ -142,7 +142,7 @@ def _summarize_group(records: list[dict]) -> dict[str, dict]:
 def _lead_kept(summary: dict[str, dict], label: str, plain: float | None, compiled: float) -> float | None:
     """The share of its eager lead a method keeps compiled: `(tokens/s of label / plain-compiled's) / (tokens/s of
     label[eager] / plain's)`; `None` without `label[eager]` (`settings.EAGER`) or plain in the group."""
-    eager = summary.get(label + "[eager]", {}).get("tokens_per_s")
+    eager = summary.get(label + EAGER, {}).get("tokens_per_s")
     if not eager or not plain:
         return None
     return (summary[label]["tokens_per_s"] / compiled) / (eager / plain)
