@@ -18,8 +18,9 @@ import torch
 
 import hf_speculators as hs
 from hf_speculators.config.build import build_drafter
-from hf_speculators.loading import load_model, load_tokenizer
 from hf_speculators.prompts import load_prompts
+
+from demo_runs import add_run_options, demo_target, generate_options
 
 METHODS = ("plain", "goodput", "constant")
 
@@ -32,25 +33,18 @@ def hybrid(config, model, tokenizer, model_schedule: str) -> hs.HybridDrafter:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", required=True, help="a prompt file (JSONL) or spec-bench")
-    parser.add_argument("--limit", type=int, default=None)
+    add_run_options(parser, limit=None)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
-    parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seeds", default="1", help="comma-separated: one pass over the prompts per seed")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer = load_tokenizer("hf_speculators/demo-target")
+    model, tokenizer = demo_target()
     tokenizer.padding_side = "left"
-    model = load_model("hf_speculators/demo-target")
-    hs.enable(model)
     config = hs.SpeculativeConfig.from_pretrained("demo-hybrid")
     drafters = {name: hybrid(config, model, tokenizer, name) for name in METHODS[1:]}
     texts = [prompt.text for prompt in load_prompts(args.prompts, args.limit)]
     batches = [texts[i : i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
-    options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, pad_token_id=tokenizer.pad_token_id,
-                   **({"temperature": args.temperature} if args.do_sample else {}))
+    options = generate_options(args) | {"pad_token_id": tokenizer.pad_token_id}
 
     def run(name: str, batch: list[str], seed: int):
         inputs = tokenizer(batch, padding=True, return_tensors="pt")

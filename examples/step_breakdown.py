@@ -24,9 +24,10 @@ import torch
 import hf_speculators as hs
 from hf_speculators import loop, target
 from hf_speculators.config.build import build_drafter
-from hf_speculators.loading import load_model, load_tokenizer
 from hf_speculators.prompts import load_prompts
 from hf_speculators.tools.bench.engines import compiled_kwargs
+
+from demo_runs import add_run_options, demo_target, generate_options
 
 PHASES = ("prefill", "step", "_propose", "_verify_and_commit", "_feedback", "_keep_slots", "_observe")  # the loop's
 
@@ -62,22 +63,14 @@ class Timings:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", required=True, help="a prompt file (JSONL) or spec-bench")
-    parser.add_argument("--limit", type=int, default=12)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
-    parser.add_argument("--temperature", type=float, default=0.7)
+    add_run_options(parser, limit=12)
     parser.add_argument("--compile", action="store_true", help="ours and plain compiled, as the bench's --compile")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer = load_tokenizer("hf_speculators/demo-target")
-    model = load_model("hf_speculators/demo-target")
-    hs.enable(model)
+    model, tokenizer = demo_target()
     drafter = build_drafter(hs.SpeculativeConfig.from_pretrained("demo-hybrid"), model, tokenizer)
     encoded = [tokenizer(prompt.text, return_tensors="pt") for prompt in load_prompts(args.prompts, args.limit)]
-    options = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-                   **({"temperature": args.temperature} if args.do_sample else {}),
-                   **(compiled_kwargs(model) if args.compile else {}))
+    options = generate_options(args) | (compiled_kwargs(model) if args.compile else {})
 
     def calls(speculative: bool) -> tuple[float, int]:
         start, new_tokens = time.perf_counter(), 0

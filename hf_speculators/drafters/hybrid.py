@@ -9,7 +9,7 @@ import torch
 
 from ..draft import Draft
 from ..metrics import clock
-from ..schedules import SCHEDULES, DraftLengthSchedule, make_schedule
+from ..schedules import DraftLengthSchedule, check_schedule, make_schedule
 from ..step import Proposal, RowOutcome
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 from .eagle import EAGLE_HEAD
@@ -157,10 +157,8 @@ class HybridDrafter(Drafter):
             raise ValueError(f"HybridDrafter needs a model-free drafter that scores its drafts (SuffixDrafter), got "
                              f"{type(model_free).__name__}.")
         super().__init__(max(model_free.num_draft_tokens, model_drafter.num_draft_tokens))
-        if model_schedule not in SCHEDULES:
-            raise ValueError(f"HybridDrafter's model_schedule must be one of {sorted(SCHEDULES)}, got "
-                             f"{model_schedule!r}.")
-        self.model_free, self.model_drafter, self.model_schedule = model_free, model_drafter, model_schedule
+        self.model_free, self.model_drafter = model_free, model_drafter
+        self.model_schedule = check_schedule(model_schedule, "HybridDrafter's model_schedule")
 
     @property
     def drafts_trees(self) -> bool:

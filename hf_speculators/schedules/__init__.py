@@ -10,11 +10,12 @@ SCHEDULES: dict[str, type[DraftLengthSchedule]] = {
 }
 
 
-def check_schedule(name) -> str:
-    """Returns `name` (`None`: `"constant"`); raises `ValueError` naming the choices for anything else."""
+def check_schedule(name, argument: str = "num_draft_tokens_schedule") -> str:
+    """Returns `name` (`None`: `"constant"`); raises `ValueError` naming `argument` and the choices for anything
+    else."""
     name = "constant" if name is None else name
     if not isinstance(name, str) or name not in SCHEDULES:
-        raise ValueError(f"num_draft_tokens_schedule must be one of {sorted(SCHEDULES)}, got {name!r}.")
+        raise ValueError(f"{argument} must be one of {sorted(SCHEDULES)}, got {name!r}.")
     return name
 
 
