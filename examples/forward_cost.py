@@ -16,6 +16,12 @@ plain `DynamicCache` (the loop before it used growing layers), interleaved, medi
 `--max-new-tokens`: transformers' `generate()` against the loop with every step plain (a drafter that never drafts).
 
     python examples/forward_cost.py --plain-step [--category summarization | --question-id 241] [--reps 30] [--calls 5]
+
+With `--products`, the model's linear layers alone (its matrix products, without the rest of its forward), one
+after another as a forward runs them, on inputs of 1 and of `--sizes` rows: milliseconds per pass over all of them,
+median of `--reps` (the rest of a forward's time is what its other operations and Python work cost).
+
+    python examples/forward_cost.py --products [--model hf_speculators/demo/draft] [--sizes 4,16]
 """
 
 import argparse
@@ -106,6 +112,23 @@ def plain_step(model, args) -> None:
         f"{kind} {seconds:.2f} s ({seconds / calls['generate()']:.3f}x)" for kind, seconds in calls.items()))
 
 
+def products(model, args) -> None:
+    """Prints the median milliseconds of one pass over `model`'s linear layers, per number of input rows."""
+    layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    times = {}
+    for rows in (1, *map(int, args.sizes.split(","))):
+        inputs = [torch.randn(rows, layer.in_features) for layer in layers]
+        runs = []
+        for _ in range(args.reps):
+            start = time.process_time()
+            for layer, x in zip(layers, inputs):
+                layer(x)
+            runs.append(time.process_time() - start)
+        times[rows] = statistics.median(runs)
+    print(f"{len(layers)} linear layers: " + ", ".join(
+        f"{rows} row{'s' * (rows > 1)} {1e3 * t:.3f} ms ({t / times[1]:.2f}x)" for rows, t in times.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEMO_TARGET)
@@ -117,12 +140,13 @@ def main() -> None:
     parser.add_argument("--question-id", help="--plain-step: this Spec-Bench prompt instead (241: 1,172 tokens)")
     parser.add_argument("--calls", type=int, default=5, help="--plain-step: whole generate calls of each")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="--plain-step: of each whole call")
+    parser.add_argument("--products", action="store_true", help="the model's linear layers alone, per input rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    if args.plain_step:
+    if args.plain_step or args.products:
         with torch.no_grad():
-            plain_step(model, args)
+            (plain_step if args.plain_step else products)(model, args)
         return
     vocab_size = model.get_output_embeddings().weight.shape[0]
     cache = DynamicCache(config=model.config)
