@@ -1,14 +1,20 @@
 """The stages of the GPU check, one per process (`examples/gpu_check.py` runs them, each within its budget):
 
 - `tests`: `tests/test_device.py` on the device (`pytest --device`), its report in `tests.xml`;
-- `bench`: the demo family through `hf-speculators bench`, batch 1 and 8, plus transformers' compiled plain and
-  compiled static-cache assisted decoding (on a CPU, uncompiled);
+- `compiled`: our compiled decoding (`hf-speculators bench --compile --compare-eager`: the default job, then the
+  draft model and prompt lookup) beside transformers' compiled plain decoding, the dynamo graphs each run compiled,
+  the first calls' seconds (the compile time per call), then transformers' compiled plain and static-cache assisted
+  decoding against its eager output;
+- `bench`: the demo family through `hf-speculators bench`, eager: greedy at batch 1 and 8, sampling at batch 1;
 - `curve`: the verify cost curve and the loop's efficiency on a 1B target (`gpu_check_costs.py`);
 - `quant`: an FP8 target and an int4 draft (torchao), each method against the same quantized model's plain output;
 - `train`: the demo EAGLE-3 head, Medusa heads and draft model trained for a fixed time; their files in a tarball
   each.
 
-Each stage appends its records (each with `stage`) to `OUT/records.jsonl`; with `--smoke` the sizes are tiny.
+Each stage appends its records (each with `stage`) to `OUT/records.jsonl`; a bench run writes its records to
+`OUT/partial.jsonl` as it measures them and moves them there when it ends, so a run stopped at the stage's budget
+leaves what it measured. With `--smoke` the sizes are tiny, and the compiled runs use dynamo's `"eager"` backend
+(graphs captured and guarded as under inductor, no code generated) so that the smoke stays within seconds.
 """
 
 import argparse
@@ -18,16 +24,20 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
 import torch
 import transformers
+from torch._dynamo.utils import counters
 from gpu_check_costs import clock, loop_efficiency, target_1b, verify_cost_curve
 
+import hf_speculators as hs
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.tools.bench import read_records
+from hf_speculators.tools.bench import run as bench_run
 from hf_speculators.tools.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +54,11 @@ PROMPTS = [  # the demo family's domains: verse, grade-school arithmetic, Python
     ("code", "for line in open(path):\n    "),
 ]
 BENCH_METHODS = "plain,hf-prompt-lookup,hf-assisted,prompt-lookup,suffix,draft-model,eagle3,eagle3-tree,hybrid"
+SAMPLING_METHODS = "plain,prompt-lookup,draft-model,hybrid"  # at temperature 0.7, seeded
+# our compiled runs, the default job (`hf-speculators generate`'s preset) first; EAGLE-3 runs eagerly when compiled
+COMPILED_RUNS = ("hybrid", "draft-model,prompt-lookup")
+DEFAULT_PRESET = "demo-hybrid"
+FIRST_CALLS = 3  # calls of one prompt timed one by one: the first compiles
 COMPILED_PROMPTS = 4  # each prompt length compiles anew (the static cache's length follows it)
 COMPILE_SECONDS = 30  # what one prompt's compilations may take
 QUANTIZED_RUNS = {  # name -> bench flags; each method is compared with the same quantized target's plain output
@@ -51,10 +66,7 @@ QUANTIZED_RUNS = {  # name -> bench flags; each method is compared with the same
     "int4-draft": (["--draft-quantization", "int4"], "plain,draft-model"),
 }
 SMOKE_QUANTIZED_RUNS = {"int8-draft": (["--draft-quantization", "int8"], "plain,draft-model")}
-NOT_RUN = {
-    "nf4-draft": "bitsandbytes' wheel (43 MB) does not fit in what travels to the GPU machine",
-    "our-compiled-decoding": "compiled decoding has not landed in hf_speculators",
-}
+NOT_RUN = {"nf4-draft": "bitsandbytes' wheel (43 MB) does not fit in what travels to the GPU machine"}
 TRAININGS = {  # name -> `hf-speculators train` arguments after the name
     "eagle3": ["eagle3", "--init", "hf_speculators/demo-eagle3", "--draft-vocab-size", "1024"],
     "medusa": ["medusa", "--init", "hf_speculators/demo-medusa"],
@@ -90,16 +102,23 @@ class Stage:
         return code
 
     def _bench(self, flags: list[str], fields: dict) -> tuple[int, set[str]]:
-        """One `hf-speculators bench` run; its exit status and the methods it recorded."""
+        """One `hf-speculators bench` run, its records written to `OUT/partial.jsonl` as they are measured and moved
+        to `OUT/records.jsonl` (with `fields`) when it ends; its exit status and the methods it recorded."""
+        records = self.out / "partial.jsonl"
+        records.unlink(missing_ok=True)
         with tempfile.TemporaryDirectory() as folder:
-            prompts, records = Path(folder) / "prompts.jsonl", Path(folder) / "records.jsonl"
+            prompts = Path(folder) / "prompts.jsonl"
             lines = [json.dumps({"category": c, "prompt": p}) for c, p in PROMPTS[: 1 if self.smoke else None]]
             prompts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            start = time.perf_counter()
             code = cli(["bench", "--prompts", str(prompts), "--device", self.device, "--out", str(records),
                         "--max-new-tokens", "4" if self.smoke else "64", *flags])
-            written = read_records(records) if records.exists() and records.stat().st_size else []
-            for record in written:
-                self.record(**fields, **record)
+        written = read_records(records) if records.exists() and records.stat().st_size else []
+        for record in written:
+            self.record(**fields, **record)
+        records.unlink(missing_ok=True)
+        self.record(**fields, bench_flags=flags, exit_code=code, wall_seconds=round(time.perf_counter() - start, 1),
+                    dynamo=dict(counters["stats"]))
         return code, {record.get("method") for record in written}
 
 
@@ -124,13 +143,90 @@ def versions(device: str) -> dict:
 
 
 def bench(stage: Stage) -> int:
-    """The demo family's methods at batch 1 and 8 (3 methods at batch 1 in a smoke run), then the compiled ones."""
+    """The demo family's methods eagerly: greedy at batch 1, sampling at batch 1 (temperature 0.7, seeded), greedy
+    at batch 8 (in a smoke run 3 methods greedy at batch 1 and 2 sampling)."""
     methods = "plain,prompt-lookup,eagle3-tree" if stage.smoke else BENCH_METHODS
-    codes = [stage.bench(["--batch-size", str(size)], methods, batch_size=size)
-             for size in ((1,) if stage.smoke else (1, 8))]
-    compiled_baselines(stage)
-    stage.record(method="our-compiled-decoding", skipped=NOT_RUN["our-compiled-decoding"])
+    sampling = ["--do-sample", "--temperature", "0.7", "--seed", "0"]
+    codes = [stage.bench(["--batch-size", "1"], methods, batch_size=1),
+             stage.bench(["--batch-size", "1", *sampling], "plain,hybrid" if stage.smoke else SAMPLING_METHODS,
+                         batch_size=1, temperature=0.7)]
+    if not stage.smoke:
+        codes.append(stage.bench(["--batch-size", "8"], methods, batch_size=8))
     return max(codes)
+
+
+def compiled(stage: Stage) -> int:
+    """Our compiled decoding against transformers' compiled plain decoding, each method also eagerly
+    (`--compile --compare-eager`), each run from a fresh dynamo cache (`torch._dynamo.reset`: a run's graphs count
+    towards dynamo's limit per code object, `recompile_limit`); then the first calls' seconds and transformers'
+    compiled baselines while the budget lasts."""
+    stage.record(**versions(stage.device))
+    if stage.smoke:  # inductor takes minutes on a CPU: capture and guard the graphs, generate no code
+        compile_with = bench_run.compiled_kwargs
+        bench_run.compiled_kwargs = lambda target: eager_backend(compile_with(target))
+    codes = []
+    for methods in COMPILED_RUNS[:1] if stage.smoke else COMPILED_RUNS:
+        codes.append(compiled_run(stage, methods, "reduce-overhead"))
+        if codes[-1] and not stage.smoke:  # say CUDA graphs broke it: inductor without them, for the figures
+            compiled_run(stage, methods, "default")
+    for measure in (first_calls, compiled_baselines):
+        torch._dynamo.reset()
+        try:
+            measure(stage)
+        except Exception as error:  # recorded, so that the stage's other figures still come back
+            traceback.print_exc()
+            stage.record(measure=measure.__name__, error=f"{type(error).__name__}: {error}")
+            codes.append(1)
+    return max(codes)
+
+
+def compiled_run(stage: Stage, methods: str, mode: str) -> int:
+    """`hf-speculators bench --compile --compare-eager --verbose` of `methods` (a failure's traceback in the log)
+    with torch.compile's `mode` (transformers' default `"reduce-overhead"`: CUDA graphs) from a fresh dynamo cache;
+    its exit status."""
+    torch._dynamo.reset()
+    counters.clear()
+    compile_with = bench_run.compiled_kwargs
+    bench_run.compiled_kwargs = lambda target: with_mode(compile_with(target), mode)
+    try:
+        return stage.bench(["--compile", "--compare-eager", "--verbose"], methods, compiled=True, compile_mode=mode)
+    finally:
+        bench_run.compiled_kwargs = compile_with
+
+
+def with_mode(kwargs: dict, mode: str) -> dict:
+    """`kwargs` (`engines.compiled_kwargs`'s) compiled in `mode`, unless dynamo's `"eager"` backend (no mode)."""
+    if kwargs["compile_config"].backend != "eager":
+        kwargs["compile_config"].mode = mode
+    return kwargs
+
+
+def eager_backend(kwargs: dict) -> dict:
+    """`kwargs` (`engines.compiled_kwargs`'s) with the compile config's backend set to dynamo's `"eager"`."""
+    config = kwargs["compile_config"]
+    config.backend, config.mode = "eager", None
+    return kwargs
+
+
+def first_calls(stage: Stage) -> None:
+    """The seconds of `FIRST_CALLS` calls, one after another, of the first prompt with transformers' compiled plain
+    decoding and with our default job compiled (`DEFAULT_PRESET`), and the dynamo graphs after each: the first
+    call's time less a later one's is the compile time per call."""
+    target = hs.enable(load_model(DEMO_TARGET, "float32", stage.device))
+    tokenizer, new_tokens = load_tokenizer(DEMO_TARGET), 4 if stage.smoke else 64
+    compile_kwargs = bench_run.compiled_kwargs(target)
+    runs = {"plain-compiled": {}, DEFAULT_PRESET: {
+        "speculative_config": hs.SpeculativeConfig.from_pretrained(DEFAULT_PRESET), "tokenizer": tokenizer}}
+    input_ids = tokenizer(PROMPTS[1][1], return_tensors="pt").input_ids.to(stage.device)
+    for method, kwargs in runs.items():
+        for call in range(FIRST_CALLS):
+            if stage.left() < COMPILE_SECONDS:
+                stage.record(method=method, first_call=call, skipped="the stage's budget ran out")
+                return
+            seconds, output = timed(stage.device, lambda: target.generate(  # noqa: B023 (called at once)
+                input_ids, do_sample=False, max_new_tokens=new_tokens, **compile_kwargs, **kwargs), repeats=1)
+            stage.record(method=method, first_call=call, seconds=round(seconds, 4),
+                         new_tokens=output.shape[1] - input_ids.shape[1], dynamo=dict(counters["stats"]))
 
 
 def compiled_baselines(stage: Stage) -> None:
@@ -212,7 +308,7 @@ def curve(stage: Stage) -> int:
     return 0
 
 
-STAGES = {"tests": tests, "bench": bench, "curve": curve, "quant": quant, "train": train}
+STAGES = {"tests": tests, "compiled": compiled, "bench": bench, "curve": curve, "quant": quant, "train": train}
 
 
 def main(argv: list[str] | None = None) -> int:

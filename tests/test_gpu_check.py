@@ -34,7 +34,7 @@ def records_by_stage(out: Path) -> dict[str, list[dict]]:
 
 
 def test_smoke_runs_every_stage(tmp_path):
-    code = gpu_check.main(["run", "--smoke", "--out", str(tmp_path)])
+    code = gpu_check.main(["run", "--smoke", "--out", str(tmp_path), "--stages", ",".join(gpu_check.BUDGETS)])
     assert code == 0, (tmp_path / "log.txt").read_text()[-4000:]  # a failed stage's traceback
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {stage: result["status"] for stage, result in summary.items()} == dict.fromkeys(gpu_check.BUDGETS, "ok")
@@ -42,9 +42,18 @@ def test_smoke_runs_every_stage(tmp_path):
     [tests] = records["tests"]
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0
     benched = [r for r in records["bench"] if "identical_to_plain" in r]
-    assert {r["method"] for r in benched} == {"plain", "prompt-lookup", "eagle3-tree"}
-    assert all(r["identical_to_plain"] for r in benched)
-    compiled = {r["method"]: r for r in records["bench"] if r["method"].startswith("hf-compiled")}
+    assert {(r["method"], r.get("temperature")) for r in benched} == {
+        ("plain", None), ("prompt-lookup", None), ("eagle3-tree", None), ("plain", 0.7), ("hybrid", 0.7)}
+    assert all(r["identical_to_plain"] for r in benched if r.get("temperature") is None)
+    ours = {r["method"]: r for r in records["compiled"] if "identical_to_plain" in r}
+    assert set(ours) == {"plain", "plain-compiled", "hybrid", "hybrid[eager]"}
+    assert all(r["identical_to_plain"] for r in ours.values())
+    [run] = [r for r in records["compiled"] if "bench_flags" in r]
+    assert run["exit_code"] == 0 and run["dynamo"]["unique_graphs"] >= 2  # plain-compiled's graph and our step's
+    first = [(r["method"], r["first_call"]) for r in records["compiled"] if "first_call" in r]
+    assert first == [(m, c) for m in ("plain-compiled", "demo-hybrid") for c in range(3)]
+    assert not (tmp_path / "partial.jsonl").exists()  # moved into records.jsonl
+    compiled = {r["method"]: r for r in records["compiled"] if r.get("method", "").startswith("hf-compiled")}
     assert compiled["hf-compiled-plain"]["identical_to_eager"]
     if version.parse(transformers.__version__) >= version.parse("5.24"):
         assert compiled["hf-compiled-assisted"]["identical_to_eager"]
@@ -62,8 +71,9 @@ def test_smoke_runs_every_stage(tmp_path):
     assert len(list(tmp_path.iterdir())) <= 8  # what comes back from the GPU machine
 
 
-def test_stages_fit_six_minutes():
-    assert sum(gpu_check.BUDGETS.values()) <= 6 * 60
+def test_default_stages_fit_one_call():
+    assert sum(gpu_check.BUDGETS[stage] for stage in gpu_check.DEFAULT_STAGES) <= 7.5 * 60
+    assert gpu_check.parse(["run", "--out", "x"]).stages == list(gpu_check.DEFAULT_STAGES)
 
 
 def test_training_commands_parse(tmp_path):
@@ -75,7 +85,7 @@ def test_training_commands_parse(tmp_path):
 def test_unknown_stage_is_refused(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["run", "--out", "x", "--stages", "tests,benchmarks"])
-    assert "stages are tests, bench, curve, quant, train" in capsys.readouterr().err
+    assert "stages are compiled, bench, tests, curve, quant, train" in capsys.readouterr().err
 
 
 def test_pack_keeps_the_model_families_the_check_uses(tmp_path):
