@@ -1,9 +1,12 @@
 """Where a compiled speculative step's time goes, on one prompt: a profile of one warmed-up call, then interleaved
-medians of plain (eager), plain-compiled and ours compiled (demo target, demo draft model). Prints each warm-up
-call's seconds and dynamo's compile seconds per graph first (`TORCHINDUCTOR_CACHE_DIR=<an empty folder>`: cold).
+medians of plain (eager), plain-compiled and ours compiled (demo target; the demo draft model, or a preset's
+drafter). Prints each warm-up call's seconds and dynamo's compile seconds per graph first
+(`TORCHINDUCTOR_CACHE_DIR=<an empty folder>`: cold). On CUDA each call ends with a synchronization, and the
+profile's time in a function that waits for the GPU (`.tolist()`, `.item()`) is the host waiting: what is left is
+the loop's host work per step.
 
     python examples/compiled_step_profile.py [--prompt-index 0] [--max-new-tokens 64] [--num-draft-tokens 3] \\
-        [--repeats 5]
+        [--repeats 5] [--preset demo-hybrid] [--device cuda]
 """
 
 import argparse
@@ -16,6 +19,7 @@ import torch
 from torch._dynamo.utils import compile_times
 
 import hf_speculators as hs
+from hf_speculators.config.build import build_drafter
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.prompts import load_prompts
 from hf_speculators.tools.bench.engines import compiled_kwargs
@@ -27,39 +31,58 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--preset", default=None, help="draft with this preset's drafter (default: the demo draft "
+                        "model drafting --num-draft-tokens)")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = hs.enable(load_model(DEMO_TARGET, "float32", "cpu")), load_tokenizer(DEMO_TARGET)
-    drafter = hs.DraftModelDrafter(load_model(DEMO_DRAFT, "float32", "cpu"), num_draft_tokens=args.num_draft_tokens)
+    model, tokenizer = hs.enable(load_model(DEMO_TARGET, "float32", args.device)), load_tokenizer(DEMO_TARGET)
+    drafter = (build_drafter(hs.SpeculativeConfig.from_pretrained(args.preset), model, tokenizer) if args.preset else
+               hs.DraftModelDrafter(load_model(DEMO_DRAFT, "float32", args.device),
+                                    num_draft_tokens=args.num_draft_tokens))
     prompt = load_prompts("spec-bench", limit=args.prompt_index + 1)[args.prompt_index].text
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+    generate = timed_generate(model)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     runs = {"plain": common, "plain-compiled": {**common, **compiled_kwargs(model)},
-            "ours compiled": {**common, **compiled_kwargs(model), "candidate_generator": drafter}}
+            "ours compiled": {**common, **compiled_kwargs(model), "candidate_generator": drafter,
+                              "tokenizer": tokenizer}}
     for label, kwargs in runs.items():  # warm-up: compiles (plain-compiled one graph, ours the target's and the draft's)
-        start = time.perf_counter()
-        model.generate(ids, **kwargs)
-        print(f"first call, compiling included: {label} {time.perf_counter() - start:.1f} s")
+        print(f"first call, compiling included: {label} {generate(ids, kwargs):.1f} s")
     print("dynamo's seconds per compiled graph, in compile order:", compile_times(repr="str"))
+    drafter.clear_cache()  # no drafting from the warm-up's output (suffix decoding's memory across calls)
     profile = cProfile.Profile()
     profile.enable()
     out = model.generate(ids, return_dict_in_generate=True, **runs["ours compiled"])
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     profile.disable()
     stats = out.speculative_stats
     print(f"prompt {args.prompt_index} ({ids.shape[1]} tokens), {stats.num_steps} steps for {stats.num_generated_tokens} "
           f"tokens; the profile's top functions by total time (the compiled graph is inductor's `call`):")
-    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     print("the step's stages, cumulative: drafting, the draft model's catch-up, the target's forward, verification")
     pstats.Stats(profile).sort_stats("cumulative").print_stats(
-        r"draft_model.py.*\((propose|_catch_up)\)|target.py.*\(__call__\)|loop.py.*\((_verify_and_commit|_keep_slots)\)")
+        r"(draft_model|hybrid|prompt_lookup|suffix).py.*\((propose|_catch_up)\)|target.py.*\(__call__\)"
+        r"|loop.py.*\((_verify_and_commit|_keep_slots|_feedback|_observe)\)")
     seconds = {label: [] for label in runs}
     for _ in range(args.repeats):
         for label, kwargs in runs.items():  # interleaved
-            start = time.perf_counter()
-            model.generate(ids, **kwargs)
-            seconds[label].append(time.perf_counter() - start)
+            drafter.clear_cache()
+            seconds[label].append(generate(ids, kwargs))
     print(", ".join(f"{label} {statistics.median(s) * 1e3 / args.max_new_tokens:.2f} ms/token"
                     for label, s in seconds.items()) + f" (medians of {args.repeats})")
+
+
+def timed_generate(model):
+    """`generate(ids, kwargs)`: the seconds of `model.generate(ids, **kwargs)`, the device's queue drained."""
+    def generate(ids, kwargs) -> float:
+        start = time.perf_counter()
+        model.generate(ids, **kwargs)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+    return generate
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ DEMO_TARGET = "hf_speculators/demo-target"
 
 
 def add_run_options(parser: argparse.ArgumentParser, limit: int | None) -> None:
-    """`--prompts`, `--limit` (default `limit`), `--max-new-tokens`, `--do-sample` and `--temperature`."""
+    """`--prompts`, `--limit` (default `limit`), `--max-new-tokens`, `--do-sample`, `--temperature` and `--device`."""
     parser.add_argument("--prompts", required=True, help="a prompt file (JSONL) or spec-bench")
     parser.add_argument("--limit", type=int, default=limit)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--do-sample", action="store_true", help="sample at --temperature (default: greedy)")
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--device", default="cpu", help="where the models run (default: cpu; the GPU check: cuda)")
 
 
 def generate_options(args: argparse.Namespace) -> dict:
@@ -25,8 +26,8 @@ def generate_options(args: argparse.Namespace) -> dict:
                 **({"temperature": args.temperature} if args.do_sample else {}))
 
 
-def demo_target():
-    """The demo target (its `generate` enabled for drafters: `hs.enable`) and its tokenizer."""
-    model = load_model(DEMO_TARGET)
+def demo_target(device: str = "cpu"):
+    """The demo target on `device` (its `generate` enabled for drafters: `hs.enable`) and its tokenizer."""
+    model = load_model(DEMO_TARGET, device=device)
     hs.enable(model)
     return model, load_tokenizer(DEMO_TARGET)

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="1", help="comma-separated: one pass over the prompts per seed")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = demo_target()
+    model, tokenizer = demo_target(args.device)
     tokenizer.padding_side = "left"
     config = hs.SpeculativeConfig.from_pretrained("demo-hybrid")
     drafters = {name: hybrid(config, model, tokenizer, name) for name in METHODS[1:]}
@@ -47,12 +47,12 @@ def main() -> None:
     options = generate_options(args) | {"pad_token_id": tokenizer.pad_token_id}
 
     def run(name: str, batch: list[str], seed: int):
-        inputs = tokenizer(batch, padding=True, return_tensors="pt")
+        inputs = tokenizer(batch, padding=True, return_tensors="pt").to(model.device)
         if name == "plain":
             torch.manual_seed(seed)
             return model.generate(**inputs, **options)
         return model.generate(**inputs, **options, candidate_generator=drafters[name], tokenizer=tokenizer,
-                              generator=torch.Generator().manual_seed(seed), return_dict_in_generate=True)
+                              generator=torch.Generator(model.device).manual_seed(seed), return_dict_in_generate=True)
 
     for name in METHODS:  # warm-up
         run(name, batches[0], 0)

@@ -67,9 +67,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="ours and plain compiled, as the bench's --compile")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = demo_target()
+    model, tokenizer = demo_target(args.device)
     drafter = build_drafter(hs.SpeculativeConfig.from_pretrained("demo-hybrid"), model, tokenizer)
-    encoded = [tokenizer(prompt.text, return_tensors="pt") for prompt in load_prompts(args.prompts, args.limit)]
+    encoded = [tokenizer(prompt.text, return_tensors="pt").to(model.device)
+               for prompt in load_prompts(args.prompts, args.limit)]
     options = generate_options(args) | (compiled_kwargs(model) if args.compile else {})
 
     def calls(speculative: bool) -> tuple[float, int]:
@@ -77,8 +78,10 @@ def main() -> None:
         for seed, inputs in enumerate(encoded):
             torch.manual_seed(seed)
             extra = dict(candidate_generator=drafter, tokenizer=tokenizer,
-                         generator=torch.Generator().manual_seed(seed)) if speculative else {}
+                         generator=torch.Generator(model.device).manual_seed(seed)) if speculative else {}
             new_tokens += model.generate(**inputs, **options, **extra).shape[1] - inputs.input_ids.shape[1]
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start, new_tokens
 
     calls(True)  # warm-up
