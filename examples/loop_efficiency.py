@@ -13,7 +13,9 @@ resets) costs beyond plain decoding's. Plain, plain-compiled and every acceptanc
 medians reported; the first call of each compiled configuration is timed apart (its compile time).
 
     python examples/loop_efficiency.py [--limit 4] [--max-new-tokens 64] [--num-draft-tokens 3] \\
-        [--acceptance 0.6,0.8,0.9] [--batch-sizes 1,4] [--modes eager,compiled] [--repeats 3]
+        [--acceptance 0.6,0.8,0.9] [--batch-sizes 1,4] [--modes eager,compiled] [--repeats 3] [--device cuda]
+
+On CUDA every timing ends with a synchronization.
 """
 
 import argparse
@@ -53,7 +55,7 @@ class ScriptedAcceptanceDrafter(hs.Drafter):
         for token in future:
             right = right and self.random.random() < self.acceptance
             tokens.append(token if right else (token + 1) % self.vocab_size)
-        return hs.Draft.chain(torch.tensor(tokens, dtype=torch.long))
+        return hs.Draft.chain(torch.tensor(tokens, dtype=torch.long, device=input_ids.device))
 
 
 def forward_seconds(model, call, context: int, width: int, batch_size: int, slots: int, repeats: int = 20) -> float:
@@ -61,16 +63,16 @@ def forward_seconds(model, call, context: int, width: int, batch_size: int, slot
     of `length_bucket(slots)` slots (the loop's, so a compiled call meets its graph), run as the loop runs it
     (`query.forward` through `call`)."""
     cache = StaticCache(config=model.config, max_cache_len=length_bucket(slots))
-    ids = torch.randint(0, model.config.vocab_size, (batch_size, context + width))
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, context + width), device=model.device)
     ragged = RaggedCache(cache, torch.ones(batch_size, 0, dtype=torch.bool))
     forward(model, ragged, Query.chain(ids[:, :context], torch.ones(batch_size, context, dtype=torch.bool)), 1)
     ragged.append(torch.ones(batch_size, context, dtype=torch.bool))
     query = Query.chain(ids[:, context:], torch.ones(batch_size, width, dtype=torch.bool))
     times = []
     for _ in range(repeats + 2):
-        start = time.perf_counter()
+        start = clock(model)
         forward(model, ragged, query, None, call)
-        times.append(time.perf_counter() - start)
+        times.append(clock(model) - start)
         rollback(cache, width)
     return statistics.median(times[2:])
 
@@ -79,10 +81,17 @@ def run(model, batch, kwargs: dict, max_new_tokens: int):
     """One timed greedy generate call: (seconds, output)."""
     padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
                                                        "pad_token_id": batch.pad_token_id}
-    start = time.perf_counter()
+    start = clock(model)
     output = model.generate(batch.input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                             return_dict_in_generate=True, **padding, **kwargs)
-    return time.perf_counter() - start, output
+    return clock(model) - start, output
+
+
+def clock(model) -> float:
+    """`time.perf_counter()` once the work queued on `model`'s device has finished."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def main():
@@ -94,14 +103,15 @@ def main():
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--modes", default="eager,compiled")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = load_model(DEMO_TARGET, "float32", "cpu"), load_tokenizer(DEMO_TARGET)
+    model, tokenizer = load_model(DEMO_TARGET, "float32", args.device), load_tokenizer(DEMO_TARGET)
     k, acceptances = args.num_draft_tokens, [float(a) for a in args.acceptance.split(",")]
     prompts = load_prompts("spec-bench", limit=args.limit)
     encoded = [encode_truncated(tokenizer, p.text, False, 512, model.device) for p in prompts]
     context = int(statistics.mean(ids.shape[1] for ids, _ in encoded)) + args.max_new_tokens // 2
-    print(f"demo target, fp32, 1 thread, {len(prompts)} Spec-Bench prompts, {args.max_new_tokens} new tokens, k={k}, "
+    print(f"demo target, fp32, {args.device}, 1 thread, {len(prompts)} Spec-Bench prompts, {args.max_new_tokens} new tokens, k={k}, "
           f"{args.repeats} repeats (medians)")
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         batches = make_batches(encoded, batch_size, pad_token(tokenizer))
@@ -112,7 +122,7 @@ def main():
             for batch in batches:  # each row's own greedy output: what the drafter proposes
                 _, output = run(model, batch, {}, args.max_new_tokens)
                 news = row_new_ids(output.sequences, batch.input_ids.shape[1], model.generation_config.eos_token_id)
-                references.append([torch.cat([batch.input_ids[row][batch.input_ids.shape[1] - n:], new]).tolist()
+                references.append([torch.cat([batch.input_ids[row][batch.input_ids.shape[1] - n:].cpu(), new.cpu()]).tolist()
                                    for row, (n, new) in enumerate(zip(batch.prompt_tokens, news))])
             methods = {"plain": lambda i: extra} | {
                 f"p={p}": (lambda i, p=p: {"custom_generate": hs.generate, **extra, "candidate_generator":
