@@ -8,10 +8,19 @@ median milliseconds per query width (chains and trees apart), and tokens per ste
 token. Wall time on a shared machine: compare within one run.
 
     python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
-    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile]
+    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile] [--ops]
 
 With `--compile`, both ours and plain decode compiled (the bench's `--compile`: a static cache and transformers'
 `CompileConfig`, `tools.bench.engines.compiled_kwargs`); the warm-up call compiles, plain's own warm-up runs first.
+
+With `--ops`, one more pass of ours and of plain, untimed, counts per phase the torch operations dispatched (aten
+operators: on a GPU each is a kernel launch or a copy, paid in host time) and the host reads (`.tolist()`,
+`.item()`, `bool()`, `int()` of a tensor on the model's device, `torch.equal`: on a GPU each waits for the device).
+On a CPU they are the host work a GPU step pays beside its forwards, so they can be cut without a GPU. Under
+`--compile` the forwards' counts are an eager forward's (inside the counting mode their operators are dispatched
+one by one); the loop's own are the compiled path's.
+
+    python examples/step_breakdown.py --prompts spec-bench --limit 2 --max-new-tokens 32 --ops [--compile]
 """
 
 import argparse
@@ -20,6 +29,8 @@ import time
 from collections import Counter, defaultdict
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_speculators as hs
 from hf_speculators import loop, target
@@ -32,18 +43,50 @@ from demo_runs import add_run_options, demo_target, generate_options
 PHASES = ("prefill", "step", "_propose", "_verify_and_commit", "_feedback", "_keep_slots", "_observe")  # the loop's
 
 
+HOST_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+              torch.Tensor.__index__, torch.Tensor.__float__, torch.equal}  # each waits for a GPU's queue
+
+
+class OpCounts(TorchDispatchMode):
+    """While active (with `reads`, its `TorchFunctionMode`): the aten operators dispatched, and the host reads of
+    tensors on `device` (on a GPU the CPU's bookkeeping tensors are read without waiting)."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.ops = self.host_reads = 0
+        counts = self
+
+        class Reads(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                counts.host_reads += func in HOST_READS and args[0].device == device
+                return func(*args, **(kwargs or {}))
+        self.reads = Reads()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 class Timings:
-    """Seconds and calls per phase, and the target forward's seconds per (query width, tree) pair."""
+    """Seconds and calls per phase, the target forward's seconds per (query width, tree) pair, and while `counts`
+    is set, the operators and host reads per phase."""
 
     def __init__(self):
         self.seconds, self.calls, self.widths = defaultdict(float), Counter(), defaultdict(list)
+        self.ops, self.reads, self.counts = Counter(), Counter(), None
 
     def timed(self, name: str, method):
         def wrapper(*args, **kwargs):
+            counts = self.counts
+            if counts is not None:
+                ops, reads = counts.ops, counts.host_reads
             start = time.perf_counter()
             result = method(*args, **kwargs)
             self.seconds[name] += time.perf_counter() - start
             self.calls[name] += 1
+            if counts is not None:
+                self.ops[name] += counts.ops - ops
+                self.reads[name] += counts.host_reads - reads
             return result
         return wrapper
 
@@ -65,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_options(parser, limit=12)
     parser.add_argument("--compile", action="store_true", help="ours and plain compiled, as the bench's --compile")
+    parser.add_argument("--ops", action="store_true", help="also count torch operators and host reads per phase")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = demo_target(args.device)
@@ -102,6 +146,27 @@ def main() -> None:
     print(f"ours: {seconds:.2f} s, {new_tokens / timings.calls['step']:.2f} tokens per step, "
           f"{1e3 * timings.seconds['step'] / new_tokens:.2f} ms per token in steps; plain: {plain_seconds:.2f} s, "
           f"{1e3 * plain_per_token:.2f} ms per token; {plain_per_token / per_token:.2f}x plain")
+    if args.ops:
+        print_op_counts(calls, drafter, model.device)
+
+
+def print_op_counts(calls, drafter, device: torch.device) -> None:
+    """One more untimed pass of ours and of plain under `OpCounts`: operators and host reads per phase call."""
+    timings = Timings()
+    timings.install()
+    counts = timings.counts = OpCounts(device)
+    drafter.clear_cache()
+    with counts, counts.reads:
+        calls(True)
+        ours = counts.ops, counts.host_reads
+        _, plain_tokens = calls(False)
+    steps = timings.calls["step"]
+    print("per step (ours): " + ", ".join(f"{name} {timings.ops[name] / steps:.1f} ops {timings.reads[name] / steps:.1f} "
+                                         f"reads" for name in ("step", "_propose", "target forward",
+                                                               *PHASES[3:])))
+    print(f"whole calls: ours {ours[0] / steps:.1f} ops and {ours[1] / steps:.1f} host reads per step; plain "
+          f"{(counts.ops - ours[0]) / plain_tokens:.1f} ops and {(counts.host_reads - ours[1]) / plain_tokens:.1f} "
+          f"host reads per token")
 
 
 if __name__ == "__main__":
