@@ -142,7 +142,8 @@ class SpeculativeLoop:
         scores = process_logits(self.processors[row], prefixes, logits)  # [num_nodes + 1, vocab]
         verdict = self.verifier(draft, scores, do_sample=self.generation_config.do_sample, generator=self.generator)
         new_tokens = torch.cat([draft.token_ids[verdict.accepted_nodes], verdict.next_token[None]])
-        nodes = verdict.accepted_nodes.tolist()
+        # a chain's accepted nodes are its first ones (`Verdict`): no read of the device
+        nodes = list(range(verdict.num_accepted)) if draft.is_chain else verdict.accepted_nodes.tolist()
         scored_by = [0] + [node + 1 for node in nodes]  # the scores row of each new token
         self.sequences[row], committed, finished = commit_tokens(self.sequences[row], new_tokens, scores[scored_by],
                                                                  self.stopping_criteria)

@@ -85,6 +85,8 @@ class NodewiseVerifier(Verifier):
         parent_scores = target_scores[:-1] if draft.is_chain else target_scores[draft.parent_ids + 1]
         node_accepted = self.accepts(draft.token_ids, parent_scores)  # [num_nodes]
         accepted_nodes = draft.tree.longest_path(node_accepted)
-        scores = target_scores[int(accepted_nodes[-1]) + 1 if len(accepted_nodes) else 0]  # [vocab]
+        # [vocab]: the scores after the path's last node (a chain's node i is row i + 1: no read of the device)
+        after = len(accepted_nodes) if draft.is_chain or not len(accepted_nodes) else int(accepted_nodes[-1]) + 1
+        scores = target_scores[after]
         next_token = sample(torch.softmax(scores, dim=-1), generator) if do_sample else scores.argmax()
         return Verdict(accepted_nodes=accepted_nodes, next_token=next_token)
