@@ -13,7 +13,6 @@ import argparse
 import cProfile
 import pstats
 import statistics
-import time
 
 import torch
 from torch._dynamo.utils import compile_times
@@ -21,6 +20,7 @@ from torch._dynamo.utils import compile_times
 import hf_speculators as hs
 from hf_speculators.config.build import build_drafter
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
+from hf_speculators.metrics import clock
 from hf_speculators.prompts import load_prompts
 from hf_speculators.tools.bench.engines import compiled_kwargs
 
@@ -42,20 +42,18 @@ def main():
                                     num_draft_tokens=args.num_draft_tokens))
     prompt = load_prompts("spec-bench", limit=args.prompt_index + 1)[args.prompt_index].text
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
-    generate = timed_generate(model)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     runs = {"plain": common, "plain-compiled": {**common, **compiled_kwargs(model)},
             "ours compiled": {**common, **compiled_kwargs(model), "candidate_generator": drafter,
                               "tokenizer": tokenizer}}
     for label, kwargs in runs.items():  # warm-up: compiles (plain-compiled one graph, ours the target's and the draft's)
-        print(f"first call, compiling included: {label} {generate(ids, kwargs):.1f} s")
+        print(f"first call, compiling included: {label} {timed_generate(model, ids, kwargs):.1f} s")
     print("dynamo's seconds per compiled graph, in compile order:", compile_times(repr="str"))
     drafter.clear_cache()  # no drafting from the warm-up's output (suffix decoding's memory across calls)
     profile = cProfile.Profile()
     profile.enable()
     out = model.generate(ids, return_dict_in_generate=True, **runs["ours compiled"])
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
+    clock(model.device)  # the device's queue drained inside the profile
     profile.disable()
     stats = out.speculative_stats
     print(f"prompt {args.prompt_index} ({ids.shape[1]} tokens), {stats.num_steps} steps for {stats.num_generated_tokens} "
@@ -69,20 +67,16 @@ def main():
     for _ in range(args.repeats):
         for label, kwargs in runs.items():  # interleaved
             drafter.clear_cache()
-            seconds[label].append(generate(ids, kwargs))
+            seconds[label].append(timed_generate(model, ids, kwargs))
     print(", ".join(f"{label} {statistics.median(s) * 1e3 / args.max_new_tokens:.2f} ms/token"
                     for label, s in seconds.items()) + f" (medians of {args.repeats})")
 
 
-def timed_generate(model):
-    """`generate(ids, kwargs)`: the seconds of `model.generate(ids, **kwargs)`, the device's queue drained."""
-    def generate(ids, kwargs) -> float:
-        start = time.perf_counter()
-        model.generate(ids, **kwargs)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-    return generate
+def timed_generate(model, ids, kwargs) -> float:
+    """The seconds of `model.generate(ids, **kwargs)`, the device's queue drained (`metrics.clock`)."""
+    start = clock(model.device)
+    model.generate(ids, **kwargs)
+    return clock(model.device) - start
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from hf_speculators.config.build import build_drafter
 from hf_speculators.loading import DEMO_DRAFT, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.tools.bench import read_records
 from hf_speculators.tools.bench import run as bench_run
+from hf_speculators.tools.bench.engines import compiled_kwargs
 from hf_speculators.tools.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,9 +163,6 @@ def compiled(stage: Stage) -> int:
     towards dynamo's limit per code object, `recompile_limit`); then the first calls' seconds and transformers'
     compiled baselines while the budget lasts."""
     stage.record(**versions(stage.device))
-    if stage.smoke:  # inductor takes minutes on a CPU: capture and guard the graphs, generate no code
-        compile_with = bench_run.compiled_kwargs
-        bench_run.compiled_kwargs = lambda target: eager_backend(compile_with(target))
     codes = []
     for methods in COMPILED_RUNS[:1] if stage.smoke else COMPILED_RUNS:
         codes.append(compiled_run(stage, methods, "reduce-overhead"))
@@ -182,30 +180,24 @@ def compiled(stage: Stage) -> int:
 
 
 def compiled_run(stage: Stage, methods: str, mode: str) -> int:
-    """`hf-speculators bench --compile --compare-eager --verbose` of `methods` (a failure's traceback in the log)
-    with torch.compile's `mode` (transformers' default `"reduce-overhead"`: CUDA graphs) from a fresh dynamo cache;
-    its exit status."""
+    """`hf-speculators bench --compile --compare-eager --verbose` of `methods` (a failure's traceback in the log),
+    compiled as `stage_compile_kwargs` says with `mode`, from a fresh dynamo cache; its exit status."""
     torch._dynamo.reset()
     counters.clear()
-    compile_with = bench_run.compiled_kwargs
-    bench_run.compiled_kwargs = lambda target: with_mode(compile_with(target), mode)
+    bench_run.compiled_kwargs = lambda target: stage_compile_kwargs(stage, target, mode)
     try:
         return stage.bench(["--compile", "--compare-eager", "--verbose"], methods, compiled=True, compile_mode=mode)
     finally:
-        bench_run.compiled_kwargs = compile_with
+        bench_run.compiled_kwargs = compiled_kwargs
 
 
-def with_mode(kwargs: dict, mode: str) -> dict:
-    """`kwargs` (`engines.compiled_kwargs`'s) compiled in `mode`, unless dynamo's `"eager"` backend (no mode)."""
-    if kwargs["compile_config"].backend != "eager":
-        kwargs["compile_config"].mode = mode
-    return kwargs
-
-
-def eager_backend(kwargs: dict) -> dict:
-    """`kwargs` (`engines.compiled_kwargs`'s) with the compile config's backend set to dynamo's `"eager"`."""
+def stage_compile_kwargs(stage: Stage, target, mode: str = "reduce-overhead") -> dict:
+    """The bench's compiled `generate` keywords (`engines.compiled_kwargs`) with torch.compile's `mode`
+    (transformers' default `"reduce-overhead"`: CUDA graphs); in a smoke run with dynamo's `"eager"` backend
+    instead (inductor takes minutes on a CPU: the graphs are captured and guarded, no code is generated)."""
+    kwargs = compiled_kwargs(target)
     config = kwargs["compile_config"]
-    config.backend, config.mode = "eager", None
+    config.backend, config.mode = ("eager", None) if stage.smoke else (config.backend, mode)
     return kwargs
 
 
@@ -216,7 +208,7 @@ def first_calls(stage: Stage) -> None:
     time less a later one's is the compile time per call."""
     target = hs.enable(load_model(DEMO_TARGET, "float32", stage.device))
     tokenizer, new_tokens = load_tokenizer(DEMO_TARGET), 4 if stage.smoke else 64
-    compile_kwargs = bench_run.compiled_kwargs(target)
+    compile_kwargs = stage_compile_kwargs(stage, target)
     drafter = build_drafter(hs.SpeculativeConfig.from_pretrained(DEFAULT_PRESET), target, tokenizer)
     runs = {"plain-compiled": {}, DEFAULT_PRESET: {"candidate_generator": drafter, "tokenizer": tokenizer}}
     input_ids = tokenizer(PROMPTS[1][1], return_tensors="pt").input_ids.to(stage.device)

@@ -30,6 +30,7 @@ from transformers import StaticCache
 
 from hf_speculators.cache import DEFAULT_MAX_HOLES, RaggedCache, rollback
 from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
+from hf_speculators.metrics import clock
 from hf_speculators.prompts import encode_truncated, load_prompts
 from hf_speculators.query import Query, forward
 from hf_speculators.static_cache import length_bucket
@@ -70,9 +71,9 @@ def forward_seconds(model, call, context: int, width: int, batch_size: int, slot
     query = Query.chain(ids[:, context:], torch.ones(batch_size, width, dtype=torch.bool))
     times = []
     for _ in range(repeats + 2):
-        start = clock(model)
+        start = clock(model.device)
         forward(model, ragged, query, None, call)
-        times.append(clock(model) - start)
+        times.append(clock(model.device) - start)
         rollback(cache, width)
     return statistics.median(times[2:])
 
@@ -81,17 +82,10 @@ def run(model, batch, kwargs: dict, max_new_tokens: int):
     """One timed greedy generate call: (seconds, output)."""
     padding = {} if batch.attention_mask is None else {"attention_mask": batch.attention_mask,
                                                        "pad_token_id": batch.pad_token_id}
-    start = clock(model)
+    start = clock(model.device)
     output = model.generate(batch.input_ids, max_new_tokens=max_new_tokens, do_sample=False,
                             return_dict_in_generate=True, **padding, **kwargs)
-    return clock(model) - start, output
-
-
-def clock(model) -> float:
-    """`time.perf_counter()` once the work queued on `model`'s device has finished."""
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
+    return clock(model.device) - start, output
 
 
 def main():
@@ -111,8 +105,8 @@ def main():
     prompts = load_prompts("spec-bench", limit=args.limit)
     encoded = [encode_truncated(tokenizer, p.text, False, 512, model.device) for p in prompts]
     context = int(statistics.mean(ids.shape[1] for ids, _ in encoded)) + args.max_new_tokens // 2
-    print(f"demo target, fp32, {args.device}, 1 thread, {len(prompts)} Spec-Bench prompts, {args.max_new_tokens} new tokens, k={k}, "
-          f"{args.repeats} repeats (medians)")
+    print(f"demo target, fp32, {args.device}, 1 thread, {len(prompts)} Spec-Bench prompts, {args.max_new_tokens} "
+          f"new tokens, k={k}, {args.repeats} repeats (medians)")
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
         batches = make_batches(encoded, batch_size, pad_token(tokenizer))
         for mode in args.modes.split(","):
@@ -122,7 +116,7 @@ def main():
             for batch in batches:  # each row's own greedy output: what the drafter proposes
                 _, output = run(model, batch, {}, args.max_new_tokens)
                 news = row_new_ids(output.sequences, batch.input_ids.shape[1], model.generation_config.eos_token_id)
-                references.append([torch.cat([batch.input_ids[row][batch.input_ids.shape[1] - n:].cpu(), new.cpu()]).tolist()
+                references.append([batch.input_ids[row][batch.input_ids.shape[1] - n:].tolist() + new.tolist()
                                    for row, (n, new) in enumerate(zip(batch.prompt_tokens, news))])
             methods = {"plain": lambda i: extra} | {
                 f"p={p}": (lambda i, p=p: {"custom_generate": hs.generate, **extra, "candidate_generator":

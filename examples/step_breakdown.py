@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import hf_speculators as hs
 from hf_speculators import loop, target
 from hf_speculators.config.build import build_drafter
+from hf_speculators.metrics import clock
 from hf_speculators.prompts import load_prompts
 from hf_speculators.tools.bench.engines import compiled_kwargs
 
@@ -118,15 +119,13 @@ def main() -> None:
     options = generate_options(args) | (compiled_kwargs(model) if args.compile else {})
 
     def calls(speculative: bool) -> tuple[float, int]:
-        start, new_tokens = time.perf_counter(), 0
+        start, new_tokens = clock(model.device), 0
         for seed, inputs in enumerate(encoded):
             torch.manual_seed(seed)
             extra = dict(candidate_generator=drafter, tokenizer=tokenizer,
                          generator=torch.Generator(model.device).manual_seed(seed)) if speculative else {}
             new_tokens += model.generate(**inputs, **options, **extra).shape[1] - inputs.input_ids.shape[1]
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start, new_tokens
+        return clock(model.device) - start, new_tokens
 
     calls(True)  # warm-up
     if args.compile:  # plain-compiled compiles its own graphs
@@ -161,9 +160,9 @@ def print_op_counts(calls, drafter, device: torch.device) -> None:
         ours = counts.ops, counts.host_reads
         _, plain_tokens = calls(False)
     steps = timings.calls["step"]
-    print("per step (ours): " + ", ".join(f"{name} {timings.ops[name] / steps:.1f} ops {timings.reads[name] / steps:.1f} "
-                                         f"reads" for name in ("step", "_propose", "target forward",
-                                                               *PHASES[3:])))
+    phases = ("step", "_propose", "target forward", *PHASES[3:])
+    print("per step (ours): " + ", ".join(
+        f"{name} {timings.ops[name] / steps:.1f} ops {timings.reads[name] / steps:.1f} reads" for name in phases))
     print(f"whole calls: ours {ours[0] / steps:.1f} ops and {ours[1] / steps:.1f} host reads per step; plain "
           f"{(counts.ops - ours[0]) / plain_tokens:.1f} ops and {(counts.host_reads - ours[1]) / plain_tokens:.1f} "
           f"host reads per token")
