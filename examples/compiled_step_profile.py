@@ -5,16 +5,27 @@ drafter). Prints each warm-up call's seconds and dynamo's compile seconds per gr
 profile's time in a function that waits for the GPU (`.tolist()`, `.item()`) is the host waiting: what is left is
 the loop's host work per step.
 
+With `--trace FILE`, one more call each of plain-compiled and ours runs under `torch.profiler` (the CPU and, on
+CUDA, the GPU): per call, the wall time, the GPU's busy time (its kernels' and copies' time, added up) and its
+share of the wall time, then ours' operators and CUDA runtime calls by host time (the launches, copies and
+synchronizations a step pays); ours' trace is written to FILE (Chrome's trace format, gzipped: chrome://tracing
+or Perfetto).
+
     python examples/compiled_step_profile.py [--prompt-index 0] [--max-new-tokens 64] [--num-draft-tokens 3] \\
-        [--repeats 5] [--preset demo-hybrid] [--device cuda]
+        [--repeats 5] [--preset demo-hybrid] [--device cuda] [--dtype bfloat16] [--trace ours.json.gz]
 """
 
 import argparse
 import cProfile
+import gzip
+import os
 import pstats
+import shutil
 import statistics
+import tempfile
 
 import torch
+from torch.autograd import DeviceType
 from torch._dynamo.utils import compile_times
 
 import hf_speculators as hs
@@ -34,11 +45,13 @@ def main():
     parser.add_argument("--preset", default=None, help="draft with this preset's drafter (default: the demo draft "
                         "model drafting --num-draft-tokens)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="the demo models' dtype (default: float32, as the tests)")
+    parser.add_argument("--trace", default=None, help="also profile with torch.profiler; ours' trace to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = hs.enable(load_model(DEMO_TARGET, "float32", args.device)), load_tokenizer(DEMO_TARGET)
+    model, tokenizer = hs.enable(load_model(DEMO_TARGET, args.dtype, args.device)), load_tokenizer(DEMO_TARGET)
     drafter = (build_drafter(hs.SpeculativeConfig.from_pretrained(args.preset), model, tokenizer) if args.preset else
-               hs.DraftModelDrafter(load_model(DEMO_DRAFT, "float32", args.device),
+               hs.DraftModelDrafter(load_model(DEMO_DRAFT, args.dtype, args.device),
                                     num_draft_tokens=args.num_draft_tokens))
     prompt = load_prompts("spec-bench", limit=args.prompt_index + 1)[args.prompt_index].text
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
@@ -63,6 +76,10 @@ def main():
     pstats.Stats(profile).sort_stats("cumulative").print_stats(
         r"(draft_model|hybrid|prompt_lookup|suffix).py.*\((propose|_catch_up)\)|target.py.*\(__call__\)"
         r"|loop.py.*\((_verify_and_commit|_keep_slots|_feedback|_observe)\)")
+    if args.trace:
+        for label in ("plain-compiled", "ours compiled"):
+            drafter.clear_cache()
+            torch_profile(model, ids, label, runs[label], args.trace if label == "ours compiled" else None)
     seconds = {label: [] for label in runs}
     for _ in range(args.repeats):
         for label, kwargs in runs.items():  # interleaved
@@ -70,6 +87,34 @@ def main():
             seconds[label].append(timed_generate(model, ids, kwargs))
     print(", ".join(f"{label} {statistics.median(s) * 1e3 / args.max_new_tokens:.2f} ms/token"
                     for label, s in seconds.items()) + f" (medians of {args.repeats})")
+
+
+def torch_profile(model, ids, label: str, kwargs: dict, trace: str | None) -> None:
+    """One call of `model.generate(ids, **kwargs)` under `torch.profiler`: its wall time and the GPU's busy time
+    (every kernel's and copy's device time, added up) printed; with `trace`, the operators and CUDA runtime calls by
+    host time, and the Chrome trace gzipped to `trace`."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if model.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        start = clock(model.device)
+        model.generate(ids, **kwargs)
+        wall = clock(model.device) - start
+    events = profile.key_averages()
+    busy = sum(event.self_device_time_total for event in events  # the device's own events (kernels, copies):
+               if event.device_type == DeviceType.CUDA and not event.is_user_annotation) / 1e6  # us to seconds
+    guards = [event for event in events if event.key == "TorchDynamo Cache Lookup"]  # dynamo's guards, per call
+    print(f"{label} under torch.profiler: {wall * 1e3:.1f} ms wall, GPU busy {busy * 1e3:.1f} ms "
+          f"({busy / wall:.0%}); dynamo's guard checks " + ", ".join(
+              f"{event.count} x {event.cpu_time_total / event.count:.0f} us" for event in guards))
+    if trace is None:
+        return
+    print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    with tempfile.TemporaryDirectory() as folder:
+        raw = os.path.join(folder, "trace.json")
+        profile.export_chrome_trace(raw)
+        with open(raw, "rb") as source, gzip.open(trace, "wb") as target:
+            shutil.copyfileobj(source, target)
 
 
 def timed_generate(model, ids, kwargs) -> float:

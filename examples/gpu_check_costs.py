@@ -1,5 +1,6 @@
-"""The GPU check's `curve` stage: what a verify forward of q query tokens costs on a 1B target, and how much of the
-speedup those costs allow the loop delivers when exactly n draft tokens are accepted per step.
+"""The GPU check's `curve` and `curve-compiled` stages: what a verify forward of q query tokens costs on a 1B target,
+and how much of the speedup those costs allow the loop delivers when exactly n draft tokens are accepted per step,
+eagerly, then (`curve-compiled`) with plain decoding and ours both compiled (a static cache, CUDA graphs).
 
 The target is a Llama of about 1.1B parameters (TinyLlama's shape) built from its config with random weights in
 float32, TF32 off: its costs are real, its text is not. Float32, not bfloat16: on an H200 (2026-11-26) the
@@ -79,27 +80,33 @@ def verify_cost_curve(stage, model) -> dict[int, float]:
 
 
 @torch.no_grad()
-def loop_efficiency(stage, model, ratios: dict[int, float]) -> None:
+def loop_efficiency(stage, model, ratios: dict[int, float] | None, **compiled) -> None:
     """Per accepted count n (0 to k), the speedup of `model`'s greedy decoding with `ScriptedDrafter` over plain
     decoding, and its share of the speedup the verify cost allows: (n + 1) tokens per step for one (k + 1)-token
-    forward (`ratios`: `verify_cost_curve`'s)."""
+    forward (`ratios`: `verify_cost_curve`'s). With `compiled` (the `generate` keywords of compiled decoding), plain
+    and ours both run compiled, and with `ratios=None` the ideal is n + 1, an upper bound (a verify forward costing
+    one token's: memory-bound forwards at batch size 1 come close)."""
     new_tokens = 8 if stage.smoke else 64
     prompt = torch.randint(model.config.vocab_size, (1, 32), device=stage.device)
+    mode = {"mode": "compiled" if compiled else "eager"}
     plain_seconds, reference = timed_generate(stage.device, lambda: model.generate(
-        prompt, do_sample=False, max_new_tokens=new_tokens))
+        prompt, do_sample=False, max_new_tokens=new_tokens, **compiled))
+    stage.record(measure="loop_efficiency", **mode, plain_ms_per_token=round(1000 * plain_seconds / new_tokens, 3))
     for accepted in range(NUM_DRAFT_TOKENS + 1):
         drafter = ScriptedDrafter(reference, NUM_DRAFT_TOKENS, num_correct=accepted)
         try:
             seconds, output = timed_generate(stage.device, lambda: model.generate(  # noqa: B023 (called at once)
                 prompt, do_sample=False, max_new_tokens=new_tokens, custom_generate=hs.generate,
-                candidate_generator=drafter))
+                candidate_generator=drafter, **compiled))
         except AssertionError as error:  # the scripted drafter found the target off its own greedy output
-            stage.record(measure="loop_efficiency", accepted=accepted, error=str(error))
+            stage.record(measure="loop_efficiency", **mode, accepted=accepted, error=str(error))
             continue
-        speedup, ideal = plain_seconds / seconds, (accepted + 1) / ratios[NUM_DRAFT_TOKENS + 1]
-        stage.record(measure="loop_efficiency", num_draft_tokens=NUM_DRAFT_TOKENS, accepted=accepted,
+        speedup = plain_seconds / seconds
+        ideal = (accepted + 1) / (1.0 if ratios is None else ratios[NUM_DRAFT_TOKENS + 1])
+        stage.record(measure="loop_efficiency", **mode, num_draft_tokens=NUM_DRAFT_TOKENS, accepted=accepted,
                      identical=bool(torch.equal(output, reference)), speedup=round(speedup, 3),
-                     ideal_speedup=round(ideal, 3), efficiency=round(speedup / ideal, 3))
+                     ideal_speedup=round(ideal, 3), efficiency=round(speedup / ideal, 3),
+                     ms_per_step=round(1000 * seconds * (accepted + 1) / new_tokens, 3))
 
 
 def timed_generate(device: str, call) -> tuple[float, torch.LongTensor]:

@@ -7,6 +7,7 @@
   decoding against its eager output;
 - `bench`: the demo family through `hf-speculators bench`, eager: greedy at batch 1 and 8, sampling at batch 1;
 - `curve`: the verify cost curve and the loop's efficiency on a 1B target (`gpu_check_costs.py`);
+- `curve-compiled`: the loop's efficiency on the 1B target with plain decoding and ours both compiled;
 - `quant`: an FP8 target and an int4 draft (torchao), each method against the same quantized model's plain output;
 - `train`: the demo EAGLE-3 head, Medusa heads and draft model trained for a fixed time; their files in a tarball
   each.
@@ -303,7 +304,16 @@ def curve(stage: Stage) -> int:
     return 0
 
 
-STAGES = {"tests": tests, "compiled": compiled, "bench": bench, "curve": curve, "quant": quant, "train": train}
+def curve_compiled(stage: Stage) -> int:
+    """The loop's efficiency on the 1B target, plain decoding and ours both compiled (`stage_compile_kwargs`),
+    against the upper-bound ideal of n + 1 tokens per step (`gpu_check_costs.loop_efficiency`)."""
+    model = target_1b(stage.device, stage.smoke)
+    loop_efficiency(stage, model, None, **stage_compile_kwargs(stage, model))
+    return 0
+
+
+STAGES = {"tests": tests, "compiled": compiled, "bench": bench, "curve": curve, "curve-compiled": curve_compiled,
+          "quant": quant, "train": train}
 
 
 def main(argv: list[str] | None = None) -> int:

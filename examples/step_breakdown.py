@@ -1,9 +1,9 @@
 """Where an eager call of the default job spends its time: per phase of the loop, per verify width, against plain.
 
-Runs the `demo-hybrid` preset's drafter (eager, one thread) on `--limit` prompts of a prompt file, once to warm
-up (its cross-call memory cleared after), then again with the loop's phases timed by wrappers around its methods
-(`prefill`, `_propose`, the target forward, `_verify_and_commit`, `_feedback`, `_keep_slots`, `_observe`), then
-plain `generate()` on the same prompts. Prints each phase's total and per-call milliseconds, the target forward's
+Runs the `demo-hybrid` preset's drafter, or `--preset`'s (eager, one thread), on `--limit` prompts of a prompt file,
+once to warm up (its cross-call memory cleared after), then again with the loop's phases timed by wrappers around
+its methods (`prefill`, `_propose`, the target forward, `_verify_and_commit`, `_feedback`, `_keep_slots`,
+`_observe`), then plain `generate()` on the same prompts. Prints each phase's total and per-call milliseconds, the target forward's
 median milliseconds per query width (chains and trees apart), and tokens per step against plain's milliseconds per
 token. Wall time on a shared machine: compare within one run.
 
@@ -110,10 +110,12 @@ def main() -> None:
     add_run_options(parser, limit=12)
     parser.add_argument("--compile", action="store_true", help="ours and plain compiled, as the bench's --compile")
     parser.add_argument("--ops", action="store_true", help="also count torch operators and host reads per phase")
+    parser.add_argument("--preset", default="demo-hybrid", help="the preset whose drafter runs (default: the default "
+                        "job's, demo-hybrid)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = demo_target(args.device)
-    drafter = build_drafter(hs.SpeculativeConfig.from_pretrained("demo-hybrid"), model, tokenizer)
+    drafter = build_drafter(hs.SpeculativeConfig.from_pretrained(args.preset), model, tokenizer)
     encoded = [tokenizer(prompt.text, return_tensors="pt").to(model.device)
                for prompt in load_prompts(args.prompts, args.limit)]
     options = generate_options(args) | (compiled_kwargs(model) if args.compile else {})

@@ -62,9 +62,11 @@ def test_smoke_runs_every_stage(tmp_path):
     costs = load_example("gpu_check_costs")
     curve = [r for r in records["curve"] if r["measure"] == "verify_cost"]
     assert [r["query_tokens"] for r in curve] == list(costs.QUERY_SIZES)
-    loop = [r for r in records["curve"] if r["measure"] == "loop_efficiency"]
-    assert [r["accepted"] for r in loop] == list(range(costs.NUM_DRAFT_TOKENS + 1))
-    assert all(r["identical"] for r in loop)
+    for stage in ("curve", "curve-compiled"):
+        loop = [r for r in records[stage] if r["measure"] == "loop_efficiency" and "accepted" in r]
+        assert [r["accepted"] for r in loop] == list(range(costs.NUM_DRAFT_TOKENS + 1))
+        assert all(r["identical"] for r in loop)
+    assert {r["mode"] for r in records["curve-compiled"]} == {"compiled"}
     assert {r.get("run") for r in records["quant"]} == {"nf4-draft", "int8-draft"}
     with tarfile.open(tmp_path / "draft.tar") as tarball:
         assert "model.safetensors" in tarball.getnames()
@@ -85,7 +87,7 @@ def test_training_commands_parse(tmp_path):
 def test_unknown_stage_is_refused(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["run", "--out", "x", "--stages", "tests,benchmarks"])
-    assert "stages are compiled, bench, tests, curve, quant, train" in capsys.readouterr().err
+    assert "stages are compiled, bench, tests, curve, curve-compiled, quant, train" in capsys.readouterr().err
 
 
 def test_pack_keeps_the_model_families_the_check_uses(tmp_path):
