@@ -3,9 +3,9 @@
 Runs the `demo-hybrid` preset's drafter, or `--preset`'s (eager, one thread), on `--limit` prompts of a prompt file,
 once to warm up (its cross-call memory cleared after), then again with the loop's phases timed by wrappers around
 its methods (`prefill`, `_propose`, the target forward, `_verify_and_commit`, `_feedback`, `_keep_slots`,
-`_observe`), then plain `generate()` on the same prompts. Prints each phase's total and per-call milliseconds, the target forward's
-median milliseconds per query width (chains and trees apart), and tokens per step against plain's milliseconds per
-token. Wall time on a shared machine: compare within one run.
+`_observe`), then plain `generate()` on the same prompts. Prints each phase's total and per-call milliseconds, the
+target forward's median milliseconds per query width (chains and trees apart), and tokens per step against plain's
+milliseconds per token. Wall time on a shared machine: compare within one run.
 
     python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
     python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile] [--ops]

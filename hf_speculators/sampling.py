@@ -84,12 +84,19 @@ def process_logits(
     if not logits_processor:
         return scores
     if rows_independent(logits_processor):  # the prefix is not read: the first stands for all
-        prefix, scores = next(iter(prefixes), None), scores.clone()
-        for processor in _listed(logits_processor):  # called as the list calls them, without its per-call
-            scores = processor(prefix, scores)  # `inspect.signature` of each (30 us of a 75 us call on a CPU)
-        return scores
-    rows = [logits_processor(prefix, scores[i : i + 1].clone()) for i, prefix in enumerate(prefixes)]
-    return torch.cat(rows, dim=0)
+        return _apply(logits_processor, next(iter(prefixes), None), scores.clone())
+    return torch.cat([_apply(logits_processor, prefix, scores[i : i + 1].clone()) for i, prefix in enumerate(prefixes)])
+
+
+def _apply(logits_processor, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    """`logits_processor(input_ids, scores)`, a `LogitsProcessorList`'s processors called one after another as the
+    list calls them when `generate` passes no keywords, without the list's `inspect.signature` of each per call (30 us
+    of a 75 us call on a CPU)."""
+    if isinstance(logits_processor, RowOfBatch):
+        return logits_processor(input_ids, scores)
+    for processor in logits_processor:
+        scores = processor(input_ids, scores)
+    return scores
 
 
 def probabilities(scores: torch.FloatTensor, do_sample: bool) -> torch.FloatTensor:
