@@ -62,7 +62,12 @@ class ScriptedAcceptanceDrafter(hs.Drafter):
 def forward_seconds(model, call, context: int, width: int, batch_size: int, slots: int, repeats: int = 20) -> float:
     """Median seconds of one forward of `width` tokens per row after `context` cached tokens, over a static cache
     of `length_bucket(slots)` slots (the loop's, so a compiled call meets its graph), run as the loop runs it
-    (`query.forward` through `call`)."""
+    (`query.forward` through `call`). With a compiled `call`, dynamo's cache is emptied first: the new cache's
+    tensors are new static inputs, and on CUDA the graphs the generate calls compiled for their own cache would
+    otherwise be recompiled per timing until dynamo's `recompile_limit` ran the forward eagerly (the second GPU
+    check's compiled forward timings). Its warm-up forwards compile."""
+    if call is not None:
+        torch._dynamo.reset()
     cache = StaticCache(config=model.config, max_cache_len=length_bucket(slots))
     ids = torch.randint(0, model.config.vocab_size, (batch_size, context + width), device=model.device)
     ragged = RaggedCache(cache, torch.ones(batch_size, 0, dtype=torch.bool))
