@@ -8,8 +8,8 @@ the loop's host work per step.
 With `--trace FILE`, one more call each of plain-compiled and ours runs under `torch.profiler` (the CPU and, on
 CUDA, the GPU): per call, the wall time, the GPU's busy time (its kernels' and copies' time, added up) and its
 share of the wall time, then ours' operators and CUDA runtime calls by host time (the launches, copies and
-synchronizations a step pays); ours' trace is written to FILE (Chrome's trace format, gzipped: chrome://tracing
-or Perfetto).
+synchronizations a step pays); ours' trace is written to FILE (Chrome's trace format, gzipped when FILE ends in
+`.gz`: chrome://tracing or Perfetto).
 
     python examples/compiled_step_profile.py [--prompt-index 0] [--max-new-tokens 64] [--num-draft-tokens 3] \\
         [--repeats 5] [--preset demo-hybrid] [--device cuda] [--dtype bfloat16] [--trace ours.json.gz]
@@ -17,12 +17,8 @@ or Perfetto).
 
 import argparse
 import cProfile
-import gzip
-import os
 import pstats
-import shutil
 import statistics
-import tempfile
 
 import torch
 from torch.autograd import DeviceType
@@ -92,7 +88,7 @@ def main():
 def torch_profile(model, ids, label: str, kwargs: dict, trace: str | None) -> None:
     """One call of `model.generate(ids, **kwargs)` under `torch.profiler`: its wall time and the GPU's busy time
     (every kernel's and copy's device time, added up) printed; with `trace`, the operators and CUDA runtime calls by
-    host time, and the Chrome trace gzipped to `trace`."""
+    host time, and the Chrome trace to `trace` (gzipped when its name ends in `.gz`)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if model.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -110,11 +106,7 @@ def torch_profile(model, ids, label: str, kwargs: dict, trace: str | None) -> No
     if trace is None:
         return
     print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
-    with tempfile.TemporaryDirectory() as folder:
-        raw = os.path.join(folder, "trace.json")
-        profile.export_chrome_trace(raw)
-        with open(raw, "rb") as source, gzip.open(trace, "wb") as target:
-            shutil.copyfileobj(source, target)
+    profile.export_chrome_trace(trace)  # torch gzips it when the name ends in .gz
 
 
 def timed_generate(model, ids, kwargs) -> float:

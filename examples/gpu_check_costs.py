@@ -95,18 +95,18 @@ def loop_efficiency(stage, model, ratios: dict[int, float] | None, **compiled) -
     for accepted in range(NUM_DRAFT_TOKENS + 1):
         drafter = ScriptedDrafter(reference, NUM_DRAFT_TOKENS, num_correct=accepted)
         try:
-            seconds, output = timed_generate(stage.device, lambda: model.generate(  # noqa: B023 (called at once)
+            seconds, result = timed_generate(stage.device, lambda: model.generate(  # noqa: B023 (called at once)
                 prompt, do_sample=False, max_new_tokens=new_tokens, custom_generate=hs.generate,
-                candidate_generator=drafter, **compiled))
+                candidate_generator=drafter, return_dict_in_generate=True, **compiled))
         except AssertionError as error:  # the scripted drafter found the target off its own greedy output
             stage.record(measure="loop_efficiency", **mode, accepted=accepted, error=str(error))
             continue
         speedup = plain_seconds / seconds
         ideal = (accepted + 1) / (1.0 if ratios is None else ratios[NUM_DRAFT_TOKENS + 1])
         stage.record(measure="loop_efficiency", **mode, num_draft_tokens=NUM_DRAFT_TOKENS, accepted=accepted,
-                     identical=bool(torch.equal(output, reference)), speedup=round(speedup, 3),
+                     identical=bool(torch.equal(result.sequences, reference)), speedup=round(speedup, 3),
                      ideal_speedup=round(ideal, 3), efficiency=round(speedup / ideal, 3),
-                     ms_per_step=round(1000 * seconds * (accepted + 1) / new_tokens, 3))
+                     ms_per_step=round(1000 * seconds / result.speculative_stats.num_steps, 3))
 
 
 def timed_generate(device: str, call) -> tuple[float, torch.LongTensor]:
