@@ -160,6 +160,43 @@ def test_the_model_draft_length_follows_the_measured_acceptance(zoo, monkeypatch
         assert later.count(4) >= len(later) - 1
 
 
+class MeteredScriptedDrafter(ScriptedDrafter):
+    """A scripted drafter whose every call runs `meter`, a module that `simulated_clock` charges as a draft forward
+    of as many tokens as the longest draft asked."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = torch.nn.Identity()
+
+    def propose(self, state, input_ids, max_tokens, rows):
+        self.meter(torch.zeros(1, max(max_tokens)))
+        return super().propose(state, input_ids, max_tokens, rows)
+
+
+@pytest.mark.parametrize("draft_seconds, held", [(0.060, True), (0.002, False)])
+def test_the_model_drafter_is_held_back_where_its_steps_lose_to_plain_ones(zoo, monkeypatch, draft_seconds, held):
+    """A model drafter right for 3 tokens of 4 whose call costs 60 ms against a target forward of 10 ms plus 1 ms per
+    token: its steps commit fewer tokens per second than plain ones, so after its first drafts the hybrid's model
+    floor holds it back (the loop's own floor off), with a probe now and then; at 2 ms a call it is never held."""
+    from hf_speculators.drafters import hybrid
+    from test_schedules import simulated_clock
+
+    model = zoo.target("llama")
+    reference = zoo.reference("llama", "random", max_new_tokens=64)
+    scripted = MeteredScriptedDrafter(reference, 4, num_correct=3)
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8, max_cached_requests=0), scripted)
+    with simulated_clock(monkeypatch, {model: (0.010, 0.001), scripted.meter: (draft_seconds, 0.0)}):
+        monkeypatch.setattr(hybrid, "clock", lambda device: hs.loop.clock(device))
+        out = speculative_generate(model, prompt_ids("random"), drafter, max_new_tokens=64, plain_floor=False,
+                                   return_dict_in_generate=True)
+    assert torch.equal(out.sequences, reference)
+    stats, figures = out.speculative_stats, out.speculative_stats.drafter_stats["model"]
+    if held:
+        assert figures["held_steps"] >= stats.num_steps // 2 and figures["steps"] <= stats.num_steps // 3, figures
+    else:
+        assert figures["held_steps"] == 0 and figures["steps"] >= stats.num_steps // 2, figures
+
+
 def test_a_model_free_drafter_must_score_its_drafts(zoo):
     with pytest.raises(ValueError, match="scores its drafts"):
         hs.HybridDrafter(hs.PromptLookupDrafter(), hs.SuffixDrafter())

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ..draft import Draft
+from ..floor import PlainFloor
 from ..metrics import clock
 from ..schedules import DraftLengthSchedule, check_schedule, make_schedule
 from ..step import Proposal, RowOutcome
@@ -41,6 +42,9 @@ class HybridState(DraftState):
             model-drafted steps).
         model_step (`tuple`, *optional*): of the step in flight, if the model drafted: its rows' draft lengths asked,
             draft tokens and depths (`{row: (asked, nodes, depth)}`), its drafting seconds and the time drafting ended.
+        model_floor (`PlainFloor`, *optional*): which rows the model drafter may draft for: a row whose model-drafted
+            steps commit fewer tokens per second than the steps without a model draft is held from it (and probed
+            now and then), its steps drafted by the model-free drafter where it has a draft and plain otherwise.
     """
 
     model_free: DraftState | None = None
@@ -52,6 +56,7 @@ class HybridState(DraftState):
     step_started: tuple | None = None
     model_lengths: DraftLengthSchedule | None = None
     model_step: tuple | None = None
+    model_floor: PlainFloor | None = None
 
     def model_draft_length(self) -> int:
         """The model drafter's draft length for the next step: its schedule's, at least 1 (whether a row drafts at
@@ -59,17 +64,21 @@ class HybridState(DraftState):
         schedule has no bound)."""
         return min(max(1, self.model_lengths.draft_length), self.model_lengths.num_draft_tokens)
 
-    def observe_model_step(self, num_accepted: dict[int, int], now: float) -> None:
-        """Hands the step in flight's model-drafted rows (their accepted tokens `num_accepted` by row) and costs to
-        the model's draft-length schedule."""
-        if self.model_step is None:
+    def observe_step(self, num_accepted: dict[int, int], now: float) -> None:
+        """Ends the step in flight: its seconds count for its source; its model-drafted rows (with their accepted
+        tokens `num_accepted` by row) and costs go to the model's draft-length schedule; every row's outcome and the
+        step's seconds go to the model floor (a row the model did not draft for ran a step without a model draft)."""
+        started = self.end_step(now)
+        if started is None:  # no step proposed since the last one (the loop's floor ran a plain step)
             return
-        lengths, draft_seconds, drafted_at = self.model_step
-        outcomes = [RowOutcome(row, asked, nodes, depth, list(range(num_accepted[row])), num_accepted[row] + 1, False)
-                    for row, (asked, nodes, depth) in lengths.items() if row in num_accepted]
-        if outcomes:
-            self.model_lengths.update(outcomes, draft_seconds, now - drafted_at)
+        lengths, draft_seconds, drafted_at = self.model_step or ({}, 0.0, started)
         self.model_step = None
+        outcomes = [RowOutcome(row, *lengths[row], list(range(accepted)), accepted + 1, False) if row in lengths
+                    else RowOutcome(row, 0, 0, 0, [], 1, False) for row, accepted in num_accepted.items()]
+        model_rows = [outcome for outcome in outcomes if outcome.draft_length]
+        if model_rows:
+            self.model_lengths.update(model_rows, draft_seconds, now - drafted_at)
+        self.model_floor.update(outcomes, draft_seconds, now - drafted_at)
 
     def expected_model_accepted(self, budget: int) -> float:
         """Accepted tokens per model draft so far in this call; before the first, the model's draft length (the
@@ -102,13 +111,22 @@ class HybridState(DraftState):
         return 1.0 + expected >= (1.0 + self.expected_model_accepted(budget)) * self.cost_ratio()
 
     def time_step(self, source: str | None, now: float) -> None:
-        """Ends the step in flight (its seconds count for its source) and starts one drafted by `source` (`None`:
-        none)."""
-        if self.step_started is not None:
-            started_source, started = self.step_started
-            self.step_seconds[started_source][0] += 1
-            self.step_seconds[started_source][1] += now - started
-        self.step_started = None if source is None else (source, now)
+        """Ends the step in flight (`end_step`) and starts one drafted by `source` (`None`: a step without a draft,
+        timed for the model floor only)."""
+        self.end_step(now)
+        self.step_started = (source, now)
+
+    def end_step(self, now: float) -> float | None:
+        """Ends the step in flight, whose seconds count for its source if it had one; returns when it started
+        (`None`: no step in flight)."""
+        if self.step_started is None:
+            return None
+        source, started = self.step_started
+        if source is not None:
+            self.step_seconds[source][0] += 1
+            self.step_seconds[source][1] += now - started
+        self.step_started = None
+        return started
 
 
 class HybridDrafter(Drafter):
@@ -134,9 +152,18 @@ class HybridDrafter(Drafter):
     layer (layer skip), every row takes its draft that step. The target's features, when the model drafter reads
     them, reach it after every step, whichever source drafted.
 
+    Beneath that choice a floor of its own (`hf_speculators.floor.PlainFloor`, with the steps the model did not draft
+    for as its plain steps) holds a row back from the model drafter while the row's model-drafted steps commit fewer
+    tokens per second than those steps, and probes it again now and then: the row then takes the model-free draft
+    where there is one and runs a plain step where there is none. Where a model draft costs a large share of a
+    target forward's time (a compiled target on a GPU, whose step is mostly the host's work), the hybrid so falls back
+    to suffix decoding alone instead of losing to plain decoding; where it pays (the demo pair on a CPU) the floor
+    seldom engages. Unlike the loop's floor it is on under sampling too: the hybrid's choices read the clock anyway.
+
     The call's `SpeculativeStats.drafter_stats` holds, per source (`"model_free"`, `"model"`), the steps it drafted
     (`steps`), its draft tokens (`drafted_tokens`) and its accepted tokens (`accepted_tokens`, as the verifier counted
-    them: where a stopping criterion kept fewer, `SpeculativeStats.num_accepted_tokens` counts those kept).
+    them: where a stopping criterion kept fewer, `SpeculativeStats.num_accepted_tokens` counts those kept), and for
+    the model the row-steps its floor held it back (`held_steps`).
 
     Args:
         model_free (`Drafter`): a drafter with `scored_draft(state, input_ids, max_tokens, row)` returning a draft
@@ -182,6 +209,7 @@ class HybridDrafter(Drafter):
         state.model_free = self.model_free.new_state(state.target, state.generation_config, **shared)
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
         state.model_lengths = make_schedule(self.model_schedule, self.model_drafter.num_draft_tokens)
+        state.model_floor = PlainFloor()
 
     def propose(self, state: HybridState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
                 rows: Sequence[int]) -> Proposal:
@@ -190,37 +218,42 @@ class HybridDrafter(Drafter):
         model_budgets = [min(budget, state.model_draft_length()) for budget in max_tokens]
         scored = [self.model_free.scored_draft(state.model_free, ids, budget, row) if budget > 0 else None
                   for ids, budget, row in zip(input_ids, free_budgets, rows)]
-        use_free = [draft is not None and draft.token_ids and state.takes_model_free(draft.score, budget)
-                    for draft, budget in zip(scored, model_budgets)]
+        has_free = [draft is not None and bool(draft.token_ids) for draft in scored]
+        use_free = [free and state.takes_model_free(draft.score, budget)
+                    for free, draft, budget in zip(has_free, scored, model_budgets)]
+        asked = [0 if free else budget for free, budget in zip(use_free, model_budgets)]
+        granted = state.model_floor.budgets(rows, asked)
+        # a row the model floor holds takes the model-free draft if it has one, else runs a plain step
+        sources = [SOURCES[0] if free or (ask and not grant and has) else SOURCES[1] if grant else None
+                   for free, ask, grant, has in zip(use_free, asked, granted, has_free)]
         model_drafts, resume = [None] * len(rows), None
-        if not all(use_free):
-            model = Proposal.of(self.model_drafter.propose(state.model, input_ids, model_budgets, rows))
+        if SOURCES[1] in sources:
+            budgets = [grant if source == SOURCES[1] else 0 for source, grant in zip(sources, granted)]
+            model = Proposal.of(self.model_drafter.propose(state.model, input_ids, budgets, rows))
             model_drafts, resume = model.drafts, model.resume
             if resume is not None:  # the target resumes from the model's draft forward: its drafts only
-                use_free = [False] * len(rows)
+                sources = [SOURCES[1]] * len(rows)
             drafted_at = clock(input_ids[0].device)
-            state.model_step = ({row: (budget, draft.num_nodes, draft.tree.depth) for row, budget, draft, free in zip(
-                rows, model_budgets, model_drafts, use_free) if not free}, drafted_at - now, drafted_at)
-        state.time_step(SOURCES[0] if all(use_free) else SOURCES[1], now)
-        state.free_scores += sum(draft.score for draft, free in zip(scored, use_free) if free)
+            state.model_step = ({row: (budget, draft.num_nodes, draft.tree.depth) for row, budget, draft, source in zip(
+                rows, budgets, model_drafts, sources) if source == SOURCES[1]}, drafted_at - now, drafted_at)
+        state.time_step(SOURCES[1] if SOURCES[1] in sources else SOURCES[0] if SOURCES[0] in sources else None, now)
+        state.free_scores += sum(draft.score for draft, source in zip(scored, sources) if source == SOURCES[0])
         drafts = []
-        for ids, row, free, free_draft, model_draft in zip(input_ids, rows, use_free, scored, model_drafts):
-            draft = (Draft.from_lists(free_draft.token_ids, free_draft.parent_ids, device=ids.device) if free
-                     else model_draft)
-            source = SOURCES[0] if free else SOURCES[1]
-            state.figures[source][0] += 1
-            state.figures[source][1] += draft.num_nodes
-            state.last[row] = source
+        for ids, row, source, free_draft, model_draft in zip(input_ids, rows, sources, scored, model_drafts):
+            draft = (Draft.from_lists(free_draft.token_ids, free_draft.parent_ids, device=ids.device)
+                     if source == SOURCES[0] else model_draft if source == SOURCES[1] else Draft.empty(ids.device))
+            if source is not None:
+                state.figures[source][0] += 1
+                state.figures[source][1] += draft.num_nodes
+                state.last[row] = source
             drafts.append(draft)
         return Proposal(drafts, resume)
 
     def observe(self, state: HybridState, feedback: StepFeedback) -> None:
-        """Ends the step's timing, credits each row's draft source with its accepted tokens; both drafters take the
-        feedback."""
+        """Ends the step's timing, credits each row's draft source with its accepted tokens, hands the step to the
+        model's schedule and floor (`HybridState.observe_step`); both drafters take the feedback."""
         if feedback.num_accepted is not None:  # after a step, not a prefill
-            now = clock(state.target.device)
-            state.time_step(None, now)
-            state.observe_model_step(dict(zip(feedback.rows, feedback.num_accepted)), now)
+            state.observe_step(dict(zip(feedback.rows, feedback.num_accepted)), clock(state.target.device))
         for row, accepted in zip(feedback.rows, feedback.num_accepted or []):
             if row in state.last:
                 state.figures[state.last.pop(row)][2] += accepted
@@ -228,11 +261,14 @@ class HybridDrafter(Drafter):
         self.model_drafter.observe(state.model, feedback)
 
     def finish(self, state: HybridState, sequences: Sequence[torch.LongTensor], prompt_lengths: Sequence[int]) -> dict:
-        """Lets both drafters finish (suffix decoding keeps the outputs) and returns the figures per source."""
+        """Lets both drafters finish (suffix decoding keeps the outputs) and returns the figures per source, the
+        model's with the row-steps its floor held it back (`held_steps`)."""
         self.model_free.finish(state.model_free, sequences, prompt_lengths)
         self.model_drafter.finish(state.model, sequences, prompt_lengths)
         names = ("steps", "drafted_tokens", "accepted_tokens")
-        return {source: dict(zip(names, figures)) for source, figures in state.figures.items()}
+        figures = {source: dict(zip(names, figures)) for source, figures in state.figures.items()}
+        figures["model"]["held_steps"] = sum(map(state.model_floor.num_plain_steps, range(len(sequences))))
+        return figures
 
     def clear_cache(self) -> None:
         """Forgets what earlier calls left in the model-free drafter's cross-call memory."""
