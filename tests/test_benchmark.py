@@ -367,6 +367,26 @@ def test_summaries_add_the_best_k_per_category_and_the_floors_share_of_plain_ste
     assert "hybrid[best k]" not in summary["all"]  # one length only
 
 
+def test_the_hybrids_held_model_steps_are_summarized_and_shown_only_for_a_hybrid():
+    from hf_speculators.tools.bench.summaries import BenchmarkResult
+
+    def record(method, figures=None):
+        stats = {"num_drafts": None} if figures is None else {
+            "num_drafts": 1, "num_accepted_tokens": 1, "drafted_per_position": [1], "accepted_per_position": [1],
+            "num_drafted_tokens": 1, "draft_time": 0.0, "draft_lengths": [0, 1], "drafter_stats": figures}
+        return {"category": "a", "method": method, "new_tokens": 10, "seconds": 1.0, "forward_seconds": 0.0,
+                "identical_to_plain": True, **stats}
+
+    hybrid = [{"model": {"steps": 6, "held_steps": 2}}, {"model": {"steps": 0, "held_steps": 0}}, {}]  # {}: a row
+    records = [record("plain"), record("draft-model", {})] + [record("hybrid", figures) for figures in hybrid]
+    summary = summarize(records)
+    assert summary["all"]["hybrid"]["model_held_share"] == 0.25
+    assert summary["all"]["draft-model"]["model_held_share"] is None
+    title = "share of the hybrid's model row-steps its floor held back"
+    assert title in BenchmarkResult(records, summary, []).table()
+    assert title not in BenchmarkResult(records[:2], summarize(records[:2]), []).table()
+
+
 def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target, draft, tokenizer):
     result = bench(target, draft, tokenizer, methods=["hf-prompt-lookup", "draft-model"], verbose=False,
                    variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])

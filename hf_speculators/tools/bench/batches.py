@@ -89,11 +89,12 @@ def row_new_ids(sequences: torch.LongTensor, width: int, eos_token_id) -> list[t
 
 def row_stats(stats: SpeculativeStats | None, row: int, num_rows: int) -> SpeculativeStats | None:
     """Row `row`'s figures of a generate call's `stats`, with an even share of the call's drafting and verification
-    seconds (rows are timed together); `stats` itself for a single sequence, `None` for methods without stats."""
+    seconds (rows are timed together) and, on row 0 only, the call's `drafter_stats` (so sums over rows give the
+    call's); `stats` itself for a single sequence, `None` for methods without stats."""
     if stats is None or not stats.row_stats:
         return stats
     return replace(stats.row_stats[row], draft_time=stats.draft_time / num_rows,
-                   verify_time=stats.verify_time / num_rows)
+                   verify_time=stats.verify_time / num_rows, drafter_stats=stats.drafter_stats if row == 0 else {})
 
 
 def batch_skip_reason(generate_kwargs: dict) -> str | None:

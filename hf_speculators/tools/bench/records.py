@@ -17,9 +17,11 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   both null with compile (no hooks in compiled forwards)
     mean_acceptance_length, acceptance_rate, acceptance_rate_per_position, num_drafts, num_drafted_tokens,
     num_accepted_tokens, drafted_per_position, accepted_per_position, draft_time, verify_time, lossless,
-    drafter, verifier, draft_lengths, num_steps_without_draft, num_floor_steps
+    drafter, verifier, draft_lengths, num_steps_without_draft, num_floor_steps, drafter_stats
                                                   `SpeculativeStats` figures; null for methods that give none
-                                                  (plain and transformers' methods)
+                                                  (plain and transformers' methods); `drafter_stats` (the drafter's
+                                                  own figures, e.g. the hybrid's per source) is the call's: on a
+                                                  batch's first row, empty on the others
     divergence                                    for an exact method whose output differs from plain greedy
                                                   decoding's: "near-tie" (half precision, the target's top-2 logits
                                                   at the first differing token closer than the dtype's resolution)
@@ -67,7 +69,7 @@ from .timing import TimedRun
 STATS_FIELDS = (
     "mean_acceptance_length", "acceptance_rate", "acceptance_rate_per_position", "num_drafts", "num_drafted_tokens",
     "num_accepted_tokens", "drafted_per_position", "accepted_per_position", "draft_time", "verify_time", "lossless",
-    "drafter", "verifier", "draft_lengths", "num_steps_without_draft", "num_floor_steps",
+    "drafter", "verifier", "draft_lengths", "num_steps_without_draft", "num_floor_steps", "drafter_stats",
 )
 
 

@@ -12,7 +12,7 @@ from .settings import EAGER
 FIGURE_FORMATS = {
     "num_prompts": "{}", "tokens_per_s": "{:.1f}", "speedup": "{:.2f}x", "speedup_vs_compiled": "{:.2f}x", "mean_acceptance_length": "{:.2f}",
     "identical_rate": "{:.0%}", "outside_forwards": "{:.1%}", "draft_cost_ratio": "{:.3f}",
-    "mean_draft_length": "{:.2f}", "floor_share": "{:.0%}", "lead_kept": "{:.2f}",
+    "mean_draft_length": "{:.2f}", "floor_share": "{:.0%}", "model_held_share": "{:.0%}", "lead_kept": "{:.2f}",
 }
 BEST_K = "[best k]"  # the label suffix of a method's best constant length in a category (`best_of_k`)
 
@@ -59,9 +59,13 @@ class BenchmarkResult:
             ("draft cost ratio (drafting seconds per draft token / plain seconds per token)", "draft_cost_ratio"),
             ("mean draft length asked per step (the schedule's choice; 0 for a plain step)", "mean_draft_length"),
             ("share of row-steps the plain-speed floor ran plain (floor.py)", "floor_share"),
+            ("share of the hybrid's model row-steps its floor held back (suffix draft or plain step instead)",
+             "model_held_share"),
         ]
-        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in blocks
-                 if key in self.summary["all"][methods[0]]]  # speedup_vs_compiled, lead_kept: with plain-compiled
+        # speedup_vs_compiled and lead_kept: with plain-compiled; the hybrid's held share: with a hybrid
+        shown = [(title, key) for title, key in blocks if key in self.summary["all"][methods[0]] and (
+            key != "model_held_share" or any(self.summary["all"][m][key] is not None for m in methods))]
+        lines = [_format_block(title, self.summary, methods, key, FIGURE_FORMATS[key]) for title, key in shown]
         per_position = {m: s["acceptance_rate_per_position"] for m, s in self.summary["all"].items()}
         lines += ["acceptance rate per draft position (all prompts)"] + [
             f"  {m:<16} " + " ".join(f"{rate:.2f}" for rate in rates) for m, rates in per_position.items() if rates
@@ -98,9 +102,10 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     Returns:
         `dict`: category -> method -> `{"num_prompts", "new_tokens", "seconds", "outside_forwards",
         "tokens_per_s", "speedup", "draft_cost_ratio", "mean_acceptance_length", "acceptance_rate_per_position",
-        "mean_draft_length", "identical_rate", "floor_share"}` (plus `best_of_k` entries), categories sorted and `"all"` (every record) last. `speedup` is `None` without plain
-        records; acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting
-        time per draft token over plain decoding's time per token (Leviathan et al.'s c).
+        "mean_draft_length", "identical_rate", "floor_share", "model_held_share"}` (plus `best_of_k` entries),
+        categories sorted and `"all"` (every record) last. `speedup` is `None` without plain records;
+        acceptance figures are `None` for methods that report none. `draft_cost_ratio` is the drafting time per
+        draft token over plain decoding's time per token (Leviathan et al.'s c).
     """
     categories = sorted({r["category"] for r in records} - {"all"})
     groups = {c: [r for r in records if r["category"] == c] for c in categories} | {"all": list(records)}
@@ -175,7 +180,19 @@ def _summarize_method(records: list[dict]) -> dict:
         if draft_lengths else None,
         "identical_rate": sum(r["identical_to_plain"] for r in records) / len(records),
         "floor_share": floor_steps / sum(draft_lengths) if draft_lengths else None,
+        "model_held_share": _model_held_share(with_stats),
     }
+
+
+def _model_held_share(records: list[dict]) -> float | None:
+    """The hybrid's held model row-steps over those and its model-drafted ones (`HybridDrafter`'s `drafter_stats`);
+    `None` for other drafters."""
+    figures = [(r.get("drafter_stats") or {}).get("model") or {} for r in records]
+    figures = [f for f in figures if "held_steps" in f]
+    if not figures:
+        return None
+    held = sum(f["held_steps"] for f in figures)
+    return held / max(1, held + sum(f["steps"] for f in figures))
 
 
 def _sum_lists(lists) -> list[int]:
