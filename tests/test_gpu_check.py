@@ -45,10 +45,14 @@ def test_smoke_runs_every_stage(tmp_path):
     assert {(r["method"], r.get("temperature")) for r in benched} == {
         ("plain", None), ("prompt-lookup", None), ("eagle3-tree", None), ("plain", 0.7), ("hybrid", 0.7)}
     assert all(r["identical_to_plain"] for r in benched if r.get("temperature") is None)
-    ours = {r["method"]: r for r in records["compiled"] if "identical_to_plain" in r}
+    ours = {r["method"]: r for r in records["compiled"] if "identical_to_plain" in r and not r.get("eager_first")}
     assert set(ours) == {"plain", "plain-compiled", "hybrid", "hybrid[eager]"}
     assert all(r["identical_to_plain"] for r in ours.values())
-    [run] = [r for r in records["compiled"] if "bench_flags" in r]
+    eager_first = [r for r in records["compiled"] if "identical_to_plain" in r and r.get("eager_first")]
+    assert {r["method"] for r in eager_first} == {"plain", "hybrid"}
+    assert all(r["identical_to_plain"] for r in eager_first)
+    eager_run, run = [r for r in records["compiled"] if "bench_flags" in r]
+    assert eager_run["eager_first"] and eager_run["dynamo"] == {}  # nothing compiled before it
     assert run["exit_code"] == 0 and run["dynamo"]["unique_graphs"] >= 2  # plain-compiled's graph and our step's
     first = [(r["method"], r["first_call"]) for r in records["compiled"] if "first_call" in r]
     assert first == [(m, c) for m in ("plain-compiled", "demo-hybrid") for c in range(3)]
