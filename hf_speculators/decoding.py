@@ -140,7 +140,10 @@ def generate(
             again now and then to check (`hf_speculators.floor`; `speculative_stats.num_floor_steps` counts the
             plain steps). `False`: every step drafts what the schedule asks. Default: on under greedy decoding
             (the output is the same either way), off under sampling, where the floor's clock reads would make a
-            seeded sample differ from run to run (still lossless); pass `True` to have it there too.
+            seeded sample differ from run to run (still lossless); pass `True` to have it there too. Off by default
+            for a drafter with a floor of its own (`Drafter.has_own_floor`: `HybridDrafter`, the default job's,
+            which holds its model drafter back itself): the loop's floor would judge its cheap model-free drafts by
+            its model drafts' costs.
 
     Returns:
         `torch.LongTensor` of shape `(batch_size, sequence_length + new_tokens)` (rows that stopped early padded
@@ -186,7 +189,7 @@ def generate(
     compiled = compiled_steps(model, cache, generation_config, candidate_generator)
     loop = SpeculativeLoop(model, candidate_generator, verifier, schedule, generation_config, logits_processor,
                            stopping_criteria, generator, target_tokenizer, speculative_streamer, pad_token_id,
-                           compiled=compiled, floor=_floor(plain_floor, generation_config))
+                           compiled=compiled, floor=_floor(plain_floor, generation_config, candidate_generator))
     loop.prefill(input_ids, num_pads, cache)
     while not loop.step():
         pass
@@ -195,9 +198,12 @@ def generate(
 
 
 
-def _floor(plain_floor: bool | None, generation_config: GenerationConfig) -> PlainFloor | None:
-    """The call's floor: `plain_floor`, or by default on under greedy decoding only (see `generate`)."""
-    return PlainFloor() if (not generation_config.do_sample if plain_floor is None else plain_floor) else None
+def _floor(plain_floor: bool | None, generation_config: GenerationConfig, drafter) -> PlainFloor | None:
+    """The call's floor: `plain_floor`, or by default on under greedy decoding for a drafter without a floor of its
+    own (see `generate`)."""
+    if plain_floor is None:
+        plain_floor = not generation_config.do_sample and not drafter.has_own_floor
+    return PlainFloor() if plain_floor else None
 
 def _logits_device(model, input_ids: torch.LongTensor) -> torch.device:
     """Where the target's logits (and so every sampling draw) live: its LM head's device, which differs from the

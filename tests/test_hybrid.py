@@ -129,10 +129,16 @@ def test_the_model_free_draft_is_taken_when_it_promises_more_tokens_per_second()
     assert not state.takes_model_free(4.0, 3) and state.takes_model_free(8.0, 3)
     for source, now in (("model_free", 0.0), ("model", 1.0), ("model_free", 4.0), ("model", 5.0)):
         state.time_step(source, now)  # a step runs from its propose to the next one
-    assert state.step_seconds == {"model_free": [2, 2.0], "model": [1, 3.0]} and state.step_started == ("model", 5.0)
-    state.step_seconds = {"model_free": [100, 100.0], "model": [100, 300.0]}  # model steps 3x as long
+    assert state.step_seconds == {"model_free": [2, 2.0], "model": [1, 3.0], "plain": [0, 0.0]}
+    assert state.step_started == ("model", 5.0)
+    state.step_seconds |= {"model_free": [100, 100.0], "model": [100, 300.0]}  # model steps 3x as long
     assert state.cost_ratio() == pytest.approx(104 / 304)  # the prior: 2 steps of each at the mean, 2 s
     assert state.takes_model_free(0.5, 3) and not state.takes_model_free(0.0, 3)  # 1.125 and 1 against 3 * 0.34
+    # a row the model floor holds back: any draft beats a plain step until plain steps were measured
+    assert state.free_beats_plain(0.01)
+    state.step_seconds["model_free"], state.step_seconds["plain"] = [100, 150.0], [100, 100.0]  # free steps 1.5x
+    assert state.seconds_ratio("model_free", "plain") == pytest.approx(152.5 / 102.5)  # priors at the mean, 1.25 s
+    assert not state.free_beats_plain(0.8) and state.free_beats_plain(2.0)  # 1 + 0.25 * score against 1.49
 
 
 @pytest.mark.parametrize("num_correct, short", [(1, True), (4, False)])

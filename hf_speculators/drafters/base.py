@@ -143,6 +143,9 @@ class Drafter(CandidateGenerator):
     state_class: type = DraftState
     drafts_trees: bool = False  # whether `propose` may return token trees (checked against the attention kernel)
     converts_per_call: bool = False  # whether `start` fits its modules to each call's target device and dtype itself
+    # whether the drafter holds its costly drafts back itself where they lose to plain steps (`HybridDrafter`): the
+    # loop's floor is then off unless asked for (`generate(plain_floor=True)`)
+    has_own_floor: bool = False
 
     def __init__(self, num_draft_tokens: int):
         if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:

@@ -18,8 +18,9 @@ from .spec import DRAFT_MODEL, MethodSpec, Setting, Variant
 from .suffix import SUFFIX_SETTINGS
 
 SOURCES = ("model_free", "model")
+PLAIN = "plain"  # the timing key of a step without a draft (`HybridState.step_seconds`)
 # the weight, in steps, of the priors of `HybridState.free_accepted_per_score` (its drafts accepted as scored) and of
-# `HybridState.cost_ratio` (both sources' steps alike): a few measured steps of a source take over
+# `HybridState.seconds_ratio` (both kinds of steps alike): a few measured steps of a kind take over
 PRIOR_STEPS = 2.0
 
 
@@ -33,9 +34,11 @@ class HybridState(DraftState):
         last (`dict[int, str]`): per row, the source of the draft of the step in flight.
         figures (`dict[str, list[int]]`): per source, `[steps, drafted tokens, accepted tokens]` so far.
         free_scores (`float`): the summed scores of the model-free drafts taken so far.
-        step_seconds (`dict[str, list[float]]`): per source, `[steps timed, seconds]`: a step's seconds run from its
-            `propose` to its `observe` (drafting, the target's forward, verification; not the plain steps the loop
-            may run before the next draft), and count for the model when any row of it drafted with the model.
+        step_seconds (`dict[str, list[float]]`): per source, and for steps without a draft (`"plain"`), `[steps
+            timed, seconds]`: a step's seconds run from its `propose` to its `observe` (drafting, the target's
+            forward, verification; not the plain steps the loop may run before the next draft), and count for the
+            model when any row of it drafted with the model, else for the model-free drafter when any row took its
+            draft.
         step_started (`tuple[str, float]`, *optional*): the source and start time of the step in flight.
         model_lengths (`DraftLengthSchedule`, *optional*): chooses the model drafter's draft length each step
             (the goodput schedule: from its drafts' acceptance per position and the measured costs of this call's
@@ -52,7 +55,7 @@ class HybridState(DraftState):
     last: dict = field(default_factory=dict)
     figures: dict = field(default_factory=lambda: {source: [0, 0, 0] for source in SOURCES})
     free_scores: float = 0.0
-    step_seconds: dict = field(default_factory=lambda: {source: [0, 0.0] for source in SOURCES})
+    step_seconds: dict = field(default_factory=lambda: {source: [0, 0.0] for source in (*SOURCES, PLAIN)})
     step_started: tuple | None = None
     model_lengths: DraftLengthSchedule | None = None
     model_step: tuple | None = None
@@ -92,16 +95,20 @@ class HybridState(DraftState):
         a copied token is accepted with the target's probability of it, well below its frequency estimate."""
         return (self.figures["model_free"][2] + PRIOR_STEPS) / (self.free_scores + PRIOR_STEPS)
 
-    def cost_ratio(self) -> float:
-        """Seconds of a model-free step over seconds of a model step, measured in this call; 1 (drafting costs
-        nothing beside verification, as on a GPU) until both sources have drafted a step, and pulled towards 1 by
-        a prior of `PRIOR_STEPS` steps of each at the mean step's seconds."""
-        (free_steps, free_seconds), (model_steps, model_seconds) = (self.step_seconds[source] for source in SOURCES)
-        if not free_steps or not model_steps:
+    def seconds_ratio(self, kind: str, other: str) -> float:
+        """Seconds of a step of `kind` over seconds of a step of `other` (keys of `step_seconds`), measured in this
+        call; 1 (drafting costs nothing beside verification, as on a GPU) until both have run a step, and pulled
+        towards 1 by a prior of `PRIOR_STEPS` steps of each at the mean step's seconds."""
+        (steps, seconds), (other_steps, other_seconds) = self.step_seconds[kind], self.step_seconds[other]
+        if not steps or not other_steps:
             return 1.0
-        mean = (free_seconds + model_seconds) / (free_steps + model_steps)
-        free = (free_seconds + PRIOR_STEPS * mean) / (free_steps + PRIOR_STEPS)
-        return free / ((model_seconds + PRIOR_STEPS * mean) / (model_steps + PRIOR_STEPS))
+        mean = (seconds + other_seconds) / (steps + other_steps)
+        return ((seconds + PRIOR_STEPS * mean) / (steps + PRIOR_STEPS)) / (
+            (other_seconds + PRIOR_STEPS * mean) / (other_steps + PRIOR_STEPS))
+
+    def cost_ratio(self) -> float:
+        """Seconds of a model-free step over seconds of a model step (`seconds_ratio`)."""
+        return self.seconds_ratio(*SOURCES)
 
     def takes_model_free(self, score: float, budget: int) -> bool:
         """Whether a model-free draft of `score` is expected to give at least the tokens per second of a model
@@ -110,21 +117,26 @@ class HybridState(DraftState):
         expected = score * self.free_accepted_per_score()
         return 1.0 + expected >= (1.0 + self.expected_model_accepted(budget)) * self.cost_ratio()
 
+    def free_beats_plain(self, score: float) -> bool:
+        """Whether a model-free draft of `score` is expected to give more tokens per second than a step without a
+        draft, for a row the model floor holds back: `1 + score * free_accepted_per_score > free_cost /
+        plain_cost` (`seconds_ratio`; 1 until both kinds of steps were measured, so any draft is taken then)."""
+        return 1.0 + score * self.free_accepted_per_score() > self.seconds_ratio(SOURCES[0], PLAIN)
+
     def time_step(self, source: str | None, now: float) -> None:
-        """Ends the step in flight (`end_step`) and starts one drafted by `source` (`None`: a step without a draft,
-        timed for the model floor only)."""
+        """Ends the step in flight (`end_step`) and starts one drafted by `source` (`None`: a step without a
+        draft)."""
         self.end_step(now)
         self.step_started = (source, now)
 
     def end_step(self, now: float) -> float | None:
-        """Ends the step in flight, whose seconds count for its source if it had one; returns when it started
-        (`None`: no step in flight)."""
+        """Ends the step in flight, whose seconds count for its source (`"plain"` without one); returns when it
+        started (`None`: no step in flight)."""
         if self.step_started is None:
             return None
         source, started = self.step_started
-        if source is not None:
-            self.step_seconds[source][0] += 1
-            self.step_seconds[source][1] += now - started
+        self.step_seconds[source or PLAIN][0] += 1
+        self.step_seconds[source or PLAIN][1] += now - started
         self.step_started = None
         return started
 
@@ -178,6 +190,7 @@ class HybridDrafter(Drafter):
 
     name = "hybrid"
     state_class = HybridState
+    has_own_floor = True
 
     def __init__(self, model_free: Drafter, model_drafter: Drafter, model_schedule: str = "goodput"):
         if not hasattr(model_free, "scored_draft"):
@@ -223,9 +236,10 @@ class HybridDrafter(Drafter):
                     for free, draft, budget in zip(has_free, scored, model_budgets)]
         asked = [0 if free else budget for free, budget in zip(use_free, model_budgets)]
         granted = state.model_floor.budgets(rows, asked)
-        # a row the model floor holds takes the model-free draft if it has one, else runs a plain step
-        sources = [SOURCES[0] if free or (ask and not grant and has) else SOURCES[1] if grant else None
-                   for free, ask, grant, has in zip(use_free, asked, granted, has_free)]
+        # a row the model floor holds takes the model-free draft where it beats a plain step, else runs one
+        sources = [SOURCES[0] if free or (ask and not grant and has and state.free_beats_plain(draft.score))
+                   else SOURCES[1] if grant else None
+                   for free, ask, grant, has, draft in zip(use_free, asked, granted, has_free, scored)]
         model_drafts, resume = [None] * len(rows), None
         if SOURCES[1] in sources:
             budgets = [grant if source == SOURCES[1] else 0 for source, grant in zip(sources, granted)]
