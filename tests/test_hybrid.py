@@ -236,3 +236,15 @@ def test_configs_and_named_methods_build_the_model_free_drafters(zoo):
 def test_configs_refuse_what_does_not_apply(settings, message):
     with pytest.raises(ValueError, match=message):
         hs.SpeculativeConfig(**settings)
+
+
+def test_the_loops_floor_is_off_by_default_for_a_drafter_with_a_floor_of_its_own():
+    """The hybrid holds its model back itself; the loop's floor would judge its suffix drafts by the model's costs."""
+    from hf_speculators.decoding import _floor
+    from hf_speculators.floor import PlainFloor
+    from transformers import GenerationConfig
+
+    greedy, suffix = GenerationConfig(do_sample=False), hs.SuffixDrafter()
+    hybrid = hs.HybridDrafter(hs.SuffixDrafter(), hs.PromptLookupDrafter())
+    assert _floor(None, greedy, hybrid) is None and isinstance(_floor(None, greedy, suffix), PlainFloor)
+    assert isinstance(_floor(True, greedy, hybrid), PlainFloor) and _floor(False, greedy, suffix) is None
