@@ -27,6 +27,11 @@ weight `probe_weight` in the row's average. A drafter with its own cache (a draf
 on the tokens committed in the plain steps, in one draft forward of at most `max_wait` + 1 tokens, which the
 probe's measured seconds include. So probing costs at most `probe_overhead` of the plain steps' time right after
 the floor engages, and at most `min_probe_overhead` (or `extra / (max_wait * P)`) over a long plain stretch.
+
+A floor may start from an earlier call's costs and its rows' mean tokens per drafted step and probe budget
+(`summary`, `start_from`: the hybrid drafter's floor for its model does, across the calls of one drafter): its
+rows are then judged from their first step, as after `min_drafted_steps` drafted steps, and probe as rarely as the
+earlier call's did.
 """
 
 import math
@@ -85,13 +90,16 @@ class PlainFloor:
         self.plain_seconds = self.drafted_seconds = self.verify_seconds = self.drafting_rows = None
         self.num_drafted_steps = 0
         self.probing: set[int] = set()
+        # a new row's tokens per drafted step and probe budget, from an earlier call (`start_from`)
+        self.prior_tokens: float | None = None
+        self.prior_budget = probe_overhead
 
     def budgets(self, rows: Sequence[int], budgets: Sequence[int]) -> list[int]:
         """Each running row's draft length: the schedule's `budgets`, or 0 where the floor holds the row plain."""
         self.probing = set()
         chosen = []
         for row, budget in zip(rows, budgets):
-            state = self.rows.setdefault(row, RowFloor(budget=self.probe_overhead))
+            state = self.rows.get(row) or self._new_row(row)
             if budget and state.plain:
                 if state.left > 0:
                     state.left -= 1
@@ -122,6 +130,33 @@ class PlainFloor:
             state.tokens = tokens if state.tokens is None else (1.0 - weight) * state.tokens + weight * tokens
             state.num_drafted += 1
         self._decide([outcome.row for outcome in outcomes if not outcome.finished])
+
+    def _new_row(self, row: int) -> RowFloor:
+        """A row's state at its first step: nothing measured, or with an earlier call's prior (`start_from`) as after
+        `min_drafted_steps` drafted steps, held plain at once where those lost."""
+        state = self.rows[row] = RowFloor(budget=self.prior_budget)
+        if self.prior_tokens is not None:
+            state.tokens, state.num_drafted = self.prior_tokens, self.min_drafted_steps
+            self._decide([row])
+        return state
+
+    def summary(self) -> tuple | None:
+        """What a later call may start from (`start_from`): this call's step costs, and its rows' mean tokens per
+        drafted step and probe budget; `None` before a drafted step was measured."""
+        rows = [state for state in self.rows.values() if state.tokens is not None]
+        if self.drafted_seconds is None or not rows:
+            return None
+        costs = (self.plain_seconds, self.drafted_seconds, self.verify_seconds, self.drafting_rows)
+        return costs, sum(state.tokens for state in rows) / len(rows), sum(state.budget for state in rows) / len(rows)
+
+    def start_from(self, summary: tuple) -> None:
+        """Starts a call from an earlier call's `summary`: its step costs (as measured over more than
+        `MIN_OBSERVATIONS` drafted steps, so that a drafted step counts as at most twice their mean), and each row's
+        tokens per drafted step and probe budget at their mean, so a row whose drafts lost there is held plain from
+        its first step and probes as rarely as there."""
+        costs, self.prior_tokens, self.prior_budget = summary
+        self.plain_seconds, self.drafted_seconds, self.verify_seconds, self.drafting_rows = costs
+        self.num_drafted_steps = MIN_OBSERVATIONS + 1
 
     def _average(self, average: float | None, value: float) -> float:
         return value if average is None else self.cost_memory * average + (1.0 - self.cost_memory) * value

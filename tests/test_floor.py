@@ -147,6 +147,16 @@ def test_in_a_batch_each_row_is_judged_against_the_plain_steps_it_would_run():
     assert floor.num_plain_steps(0) + floor.num_plain_steps(1) <= 2  # the first drafts' average is low
 
 
+@pytest.mark.parametrize("tokens, held", [(1.2, True), (3.0, False)])
+def test_a_floor_started_from_an_earlier_call_judges_a_row_from_its_first_step(tokens, held):
+    """An earlier call measured plain steps of 10 ms and drafted ones of 20 ms (break-even: 2 tokens a step)."""
+    floor = PlainFloor()
+    floor.start_from(((0.010, 0.020, 0.012, 1.0), tokens, 0.5))
+    assert floor.budgets([0], [K]) == [0 if held else K]
+    if held:  # probes as usual: a free wait of ceil(1 / 0.5) = 2 plain steps
+        assert [floor.budgets([0], [K])[0] for _ in range(2)] == [0, K]
+
+
 # ---------------------------------------------------------------- losslessness with the floor's decisions
 
 

@@ -171,6 +171,9 @@ class HybridDrafter(Drafter):
     target forward's time (a compiled target on a GPU, whose step is mostly the host's work), the hybrid so falls back
     to suffix decoding alone instead of losing to plain decoding; where it pays (the demo pair on a CPU) the floor
     seldom engages. Unlike the loop's floor it is on under sampling too: the hybrid's choices read the clock anyway.
+    A call starts from the last call's measured costs and tokens per model-drafted step (`PlainFloor.start_from`;
+    `clear_cache` forgets them), so a model that lost there is held back from the first step, not after 4 drafted
+    steps and the draft model's prefill, and is probed as usual.
 
     The call's `SpeculativeStats.drafter_stats` holds, per source (`"model_free"`, `"model"`), the steps it drafted
     (`steps`), its draft tokens (`drafted_tokens`) and its accepted tokens (`accepted_tokens`, as the verifier counted
@@ -199,6 +202,7 @@ class HybridDrafter(Drafter):
         super().__init__(max(model_free.num_draft_tokens, model_drafter.num_draft_tokens))
         self.model_free, self.model_drafter = model_free, model_drafter
         self.model_schedule = check_schedule(model_schedule, "HybridDrafter's model_schedule")
+        self._floor_prior = None  # the last call's model floor summary (`PlainFloor.summary`), the next one's start
 
     @property
     def drafts_trees(self) -> bool:
@@ -223,6 +227,8 @@ class HybridDrafter(Drafter):
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
         state.model_lengths = make_schedule(self.model_schedule, self.model_drafter.num_draft_tokens)
         state.model_floor = PlainFloor()
+        if self._floor_prior is not None:
+            state.model_floor.start_from(self._floor_prior)
 
     def propose(self, state: HybridState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
                 rows: Sequence[int]) -> Proposal:
@@ -282,11 +288,13 @@ class HybridDrafter(Drafter):
         names = ("steps", "drafted_tokens", "accepted_tokens")
         figures = {source: dict(zip(names, figures)) for source, figures in state.figures.items()}
         figures["model"]["held_steps"] = sum(map(state.model_floor.num_plain_steps, range(len(sequences))))
+        self._floor_prior = state.model_floor.summary() or self._floor_prior
         return figures
 
     def clear_cache(self) -> None:
-        """Forgets what earlier calls left in the model-free drafter's cross-call memory."""
+        """Forgets what earlier calls left: the model-free drafter's cross-call memory and the model floor's prior."""
         self.model_free.clear_cache()
+        self._floor_prior = None
 
     def __repr__(self) -> str:
         return f"HybridDrafter({self.model_free!r}, {self.model_drafter!r})"
