@@ -387,6 +387,16 @@ def test_the_hybrids_held_model_steps_are_summarized_and_shown_only_for_a_hybrid
     assert title not in BenchmarkResult(records[:2], summarize(records[:2]), []).table()
 
 
+def test_compare_floor_runs_the_other_side_of_each_methods_default():
+    """Prompt lookup runs with the loop's floor by default, so also without it; the hybrid, which has a floor of its
+    own and runs without the loop's by default, also with it."""
+    chosen = named_methods(["prompt-lookup", "hybrid"], compare_floor=True, draft_model="d", variants=[(3, "goodput")])
+    floors = {label: m.plain_floor for label, m in chosen.items()}
+    assert floors == {"prompt-lookup[goodput,k<=3]": None, "prompt-lookup[goodput,k<=3][no floor]": False,
+                      "hybrid[goodput,k<=3]": None, "hybrid[goodput,k<=3][loop floor]": True}
+    assert chosen["hybrid[goodput,k<=3][loop floor]"].config == chosen["hybrid[goodput,k<=3]"].config
+
+
 def test_variants_run_each_method_side_by_side_against_one_plain_baseline(target, draft, tokenizer):
     result = bench(target, draft, tokenizer, methods=["hf-prompt-lookup", "draft-model"], verbose=False,
                    variants=[(1, "constant"), (3, "constant"), (3, "goodput"), (2, "heuristic")])

@@ -213,7 +213,8 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                        help="run transformers' methods once per K (e.g. 3,5,8,10), whatever --variants says; the "
                             "tables add each one's best K per category")
     bench.add_argument("--compare-floor", action="store_true",
-                       help="also run each of our methods without the plain-speed floor (labelled [no floor])")
+                       help="also run each of our methods without the plain-speed floor (labelled [no floor]); "
+                            "the hybrid, which has a floor of its own, with the loop's as well ([loop floor])")
     bench.add_argument("--compare-eager", action="store_true",
                        help="with --compile, also run each of our methods eagerly (labelled [eager]); the tables add "
                             "the share of its eager lead over plain that it keeps compiled")

@@ -55,6 +55,7 @@ def draft_model_methods() -> tuple[str, ...]:
 
 ENGINES = ("hf_speculators", "transformers")
 NO_FLOOR = "[no floor]"  # the label suffix of a method run without the plain-speed floor (`compare_floor`)
+LOOP_FLOOR = "[loop floor]"  # ... of a method whose drafter has a floor of its own, run with the loop's as well
 EAGER = "[eager]"  # the label suffix of a method run eagerly in a compiled run (`compare_eager`)
 
 
@@ -210,7 +211,8 @@ def named_methods(
         baseline_ks (`Sequence[int]`, *optional*): transformers' baselines run once per k given here instead
             (`hf-prompt-lookup[k=8]`), whatever `variants` says; the summaries add each one's best k.
         compare_floor (`bool`, defaults to `False`): each of our methods also runs without the plain-speed floor,
-            labelled `<label>[no floor]`.
+            labelled `<label>[no floor]`; one whose drafter has a floor of its own (`Drafter.has_own_floor`: the
+            hybrid), which runs without the loop's by default, runs with it as well, labelled `<label>[loop floor]`.
         compare_eager (`bool`, defaults to `False`): each of our methods also runs eagerly in a compiled run,
             labelled `<label>[eager]` (the summaries' `lead_kept`).
         num_draft_tokens (`int`, defaults to 5): draft tokens per step (k), the same for every method.
@@ -257,8 +259,10 @@ def named_methods(
                                                        max_ngram_size=max_ngram_size, **options)
             extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
             chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
-            if compare_floor:
-                chosen[label + NO_FLOOR] = BenchMethod(chosen[label].config, plain_floor=False)
+            if compare_floor:  # the other side of the default: off for a drafter with a floor of its own
+                own_floor = getattr(METHOD_SPECS[config.method].drafter, "has_own_floor", False)
+                chosen[label + (LOOP_FLOOR if own_floor else NO_FLOOR)] = BenchMethod(chosen[label].config,
+                                                                                      plain_floor=own_floor)
             if compare_eager:
                 chosen[label + EAGER] = BenchMethod(chosen[label].config, eager=True)
     return chosen
