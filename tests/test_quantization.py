@@ -231,7 +231,8 @@ def drafter_for_quantized_target(kind: str, quantized_zoo, arch: str) -> hs.Draf
 def test_a_quantized_target_reproduces_its_own_greedy_output(quantized_zoo, arch, mode, kind):
     target = quantized_zoo.model(arch, mode)
     drafter = drafter_for_quantized_target(kind, quantized_zoo, arch)
-    out = speculative_generate(target, prompt_ids(PROMPT), drafter, return_dict_in_generate=True)
+    # without the plain-speed floor, whose clock-based plain steps could leave no draft to reject
+    out = speculative_generate(target, prompt_ids(PROMPT), drafter, return_dict_in_generate=True, plain_floor=False)
     assert_same_tokens(out.sequences, quantized_zoo.reference(arch, mode))
     assert_cache_matches_sequence(out)
     stats = out.speculative_stats
