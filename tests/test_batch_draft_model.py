@@ -34,7 +34,8 @@ def assert_rows_match_references(zoo, arch, output, names=BATCH, **reference_kwa
 @pytest.mark.parametrize("kind", ["draft_model", "noisy_draft_model"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rows_equal_their_own_greedy_output(zoo, arch, kind, num_draft_tokens):
-    output = batch_generate(zoo.target(arch), make_drafter(kind, num_draft_tokens, zoo, arch))
+    output = batch_generate(zoo.target(arch), make_drafter(kind, num_draft_tokens, zoo, arch),
+                            plain_floor=False)  # every step drafts: the floor reads the clock
     assert_rows_match_references(zoo, arch, output)
     if kind == "noisy_draft_model":  # partly accepted: both verification outcomes ran
         stats = output.speculative_stats
@@ -93,7 +94,8 @@ def test_quantized_self_draft(zoo):
 def test_tree_rows_equal_their_own_greedy_output(zoo, arch, shape):
     """TreeDrafter at batch size 3: each row grows its own tree, the target scores rows of different tree shapes in
     one forward, and every row is exactly its own plain greedy output."""
-    output = batch_generate(zoo.target(arch), hs.TreeDrafter(zoo.noisy_draft(arch), TREES[shape]))
+    output = batch_generate(zoo.target(arch), hs.TreeDrafter(zoo.noisy_draft(arch), TREES[shape]),
+                            plain_floor=False)  # every step drafts: the floor reads the clock
     assert_rows_match_references(zoo, arch, output)
     stats = output.speculative_stats
     assert stats.mean_acceptance_length > 1.5  # the noisy draft agrees often: tree paths are accepted

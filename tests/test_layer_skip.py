@@ -43,7 +43,8 @@ def test_a_confidence_threshold_shortens_drafts_and_stays_exact(deep_targets, ar
     model, input_ids = deep_targets[arch], prompt_ids("random")
     expected = plain_generate(model, input_ids, max_new_tokens=MAX_NEW_TOKENS)
     drafter = hs.LayerSkipDrafter(exit_layer=2, num_draft_tokens=6, confidence_threshold=0.5)
-    out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True)
+    out = speculative_generate(model, input_ids, drafter, max_new_tokens=MAX_NEW_TOKENS, return_dict_in_generate=True,
+                               plain_floor=False)  # every step drafts: the floor reads the clock
     assert out.sequences.tolist() == expected.tolist()
     stats = out.speculative_stats
     assert stats.num_drafted_tokens < 6 * stats.num_drafts  # some drafts stopped early
@@ -54,7 +55,7 @@ def test_early_exits_of_random_models_are_sometimes_accepted(deep_targets):
     """The exactness tests above see acceptances as well as rejections."""
     drafter = hs.LayerSkipDrafter(exit_layer=3, num_draft_tokens=3)
     out = speculative_generate(deep_targets["llama"], prompt_ids("random"), drafter, max_new_tokens=MAX_NEW_TOKENS,
-                               return_dict_in_generate=True)
+                               return_dict_in_generate=True, plain_floor=False)  # the floor reads the clock
     stats = out.speculative_stats
     assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
 

@@ -26,7 +26,7 @@ def test_one_row_is_plain_greedy_output(zoo, arch, kind, num_draft_tokens):
     reference = zoo.reference(arch, "repetitive", max_new_tokens=MAX_NEW_TOKENS)
     drafter = make_drafter(kind, num_draft_tokens, zoo, arch, reference=reference)
     out = speculative_generate(zoo.target(arch), prompt_ids("repetitive"), drafter, return_dict_in_generate=True,
-                               **STATIC)
+                               plain_floor=False, **STATIC)  # every step drafts: the floor reads the clock
     assert out.sequences.tolist() == reference.tolist()
     cache = output_cache(out)
     assert isinstance(cache, StaticCache)  # the loop's own bucketed cache, holding every token but the last
