@@ -9,7 +9,8 @@ step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fi
 to the smallest of its two drafters' widths that holds it, `Drafter.draft_lengths`), its masks span
 the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
 cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
-(`RaggedCache(fixed_rows=True)`). The draft model's forwards compile the same way (`DraftModelDrafter`).
+(`RaggedCache(fixed_rows=True)`). The draft model's forwards compile the same way (`DraftModelDrafter`). Drafters
+that read the target's hidden states (EAGLE, Medusa) get them from the compiled forward; their heads run eagerly.
 """
 
 from collections.abc import Callable
@@ -64,11 +65,9 @@ def run_draft_model(model, **kwargs):
 
 def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
     """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
-    when the call runs eagerly: `compiles` or `compilable` says no, or the drafter
-    reads the target's hidden states (EAGLE, Medusa: `target.FeatureCapture` adds hooks to each forward, which are
-    kept out of compiled graphs: dynamo does not guard module hooks by default, and hooks inside an inductor graph
-    are not tested here)."""
-    if not compiles(model, cache, generation_config) or drafter.target_needs(model).features or not compilable(model):
+    when the call runs eagerly (`compiles` or `compilable` says no). A drafter that reads the target's hidden states
+    (EAGLE, Medusa) gets them from the compiled forward's `output_hidden_states` (`target.TargetForward`)."""
+    if not compiles(model, cache, generation_config) or not compilable(model):
         return None
     return CompiledSteps(model.get_compiled_call(generation_config.compile_config),
                          tuple(n + 1 for n in drafter.draft_lengths))

@@ -111,13 +111,21 @@ def forward(model, cache: RaggedCache, query: Query, num_logits: int | None = No
     Returns:
         `torch.FloatTensor` of shape `(batch_size, num_logits or num_query, vocab_size)`.
     """
+    return cache.from_batch(model_outputs(model, cache, query, num_logits, call).logits)
+
+
+def model_outputs(model, cache: RaggedCache, query: Query, num_logits: int | None = None, call=None, **kwargs):
+    """`forward`'s model output, every tensor over the cache's batch rows (`RaggedCache.to_batch`: with `fixed_rows`,
+    rows that left included; `RaggedCache.from_batch` keeps the live ones); `kwargs` go to the model (e.g.
+    `output_hidden_states=True`)."""
     input_ids = query.input_ids
     cache.reserve(input_ids.shape[1])
     attention_mask, position_ids = cache.query_inputs(query, model.dtype)
     extra = {"logits_to_keep": num_logits or input_ids.shape[1]} if _takes_logits_to_keep(type(model)) else {}
     if attention_mask is not None:  # rows that left a `fixed_rows` cache see every slot (a 2D mask's 1, a 4D mask's 0)
         attention_mask = cache.to_batch(attention_mask.to(input_ids.device), int(not attention_mask.is_floating_point()))
-    return cache.from_batch((call or model)(
+    return (call or model)(
         input_ids=cache.to_batch(input_ids, 0), use_cache=True, **{cache_argument(model): cache.cache},
         attention_mask=attention_mask, position_ids=cache.to_batch(position_ids.to(input_ids.device), 0), **extra,
-    ).logits)
+        **kwargs,
+    )

@@ -2,8 +2,11 @@
 
 Learned draft heads read the target's hidden states: EAGLE-3 the inputs of three decoder layers, EAGLE-1/2 and
 Medusa the output of the final norm. They are captured with forward hooks inside the prefill and verification
-forwards the loop runs anyway (no second forward, no `output_hidden_states=True`). Layer skip asks the forward to
-start at its exit layer from the hidden states it drafted with (`Resume`), so nothing below that layer runs twice.
+forwards the loop runs anyway (no second forward, and no `output_hidden_states=True`, which would keep every layer's
+hidden states of a long prompt); a compiled step forward instead returns them through `output_hidden_states=True`
+(hooks added and removed around a compiled graph would not run in it; a step's few query slots cost little).
+Layer skip asks the forward to start at its exit layer from the hidden states it drafted with (`Resume`), so nothing
+below that layer runs twice.
 """
 
 import torch
@@ -11,7 +14,7 @@ import torch
 from .cache import RaggedCache, truncate_layers
 from .decoder_layers import DecoderLayers, feature_modules
 from .drafters.base import TargetNeeds
-from .query import Query, forward
+from .query import Query, forward, model_outputs
 from .static_cache import allocated
 from .step import Resume, TargetOutput
 
@@ -63,6 +66,7 @@ class FeatureCapture:
             )
         self._inputs = [layers[i] for i in needs.layer_ids]
         self._outputs = [final_norm] if needs.final_norm else []
+        self.needs = needs
 
     def run(self, forward_fn) -> tuple[torch.Tensor, torch.FloatTensor]:
         """Runs `forward_fn()` with the hooks on; returns its result and the features `(batch_size, num_query,
@@ -78,6 +82,12 @@ class FeatureCapture:
             for handle in handles:
                 handle.remove()
         return result, torch.cat([captured[slot] for slot in range(len(captured))], dim=-1)
+
+    def select(self, hidden_states: tuple[torch.FloatTensor, ...]) -> torch.FloatTensor:
+        """The features `(batch_size, num_query, width)` in a forward's `hidden_states` (`output_hidden_states=True`:
+        entry i is the input of decoder layer i, the last one the final norm's output), in `run`'s order."""
+        chosen = [hidden_states[i] for i in self.needs.layer_ids]
+        return torch.cat(chosen + ([hidden_states[-1]] if self.needs.final_norm else []), dim=-1)
 
 
 class TargetForward:
@@ -109,6 +119,10 @@ class TargetForward:
         """
         if resume is None:
             call = self.step_call if num_logits is None and allocated(cache.cache) else None
+            if call is not None and self.capture is not None:
+                outputs = model_outputs(self.model, cache, query, call=call, output_hidden_states=True)
+                return TargetOutput(cache.from_batch(outputs.logits),
+                                    cache.from_batch(self.capture.select(outputs.hidden_states)))
             run = lambda: forward(self.model, cache, query, num_logits, call)  # noqa: E731
         else:
             run = lambda: self._resume(cache, query, resume, num_logits)  # noqa: E731

@@ -44,7 +44,7 @@ def test_compiles_as_transformers_decides(zoo):
         def target_needs(self, target):
             return TargetNeeds(layer_ids=(0,))
 
-    assert compiled_steps(model, static, config, FeatureReader(3)) is None  # hooks stay out of compiled graphs
+    assert compiled_steps(model, static, config, FeatureReader(3)).widths == (4,)  # through output_hidden_states
     config.disable_compile = True
     assert not compiles(model, static, config)
 

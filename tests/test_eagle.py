@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from eagle_heads import (
     AUX_LAYER_IDS,
     fit_lm_head,
@@ -27,6 +28,7 @@ from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.config.speculators_format import speculators_settings
+from test_compiled import compile_config
 from test_lossless import chi_square, chi_square_critical
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -79,11 +81,12 @@ class RecordingEagle(EagleDrafter):
         return drafts
 
 
-def run(target, folder, prompt="random", **drafter_kwargs):
+def run(target, folder, prompt="random", generate_kwargs=None, **drafter_kwargs):
     drafter = RecordingEagle.from_pretrained(str(folder), **drafter_kwargs)
     drafter.first_tokens = {}
     out = speculative_generate(target, prompt_ids(prompt), drafter, return_dict_in_generate=True,
-                               plain_floor=False)  # every step drafts: the floor reads the clock
+                               plain_floor=False,  # every step drafts: the floor reads the clock
+                               **generate_kwargs or {})
     return out, drafter
 
 
@@ -135,6 +138,18 @@ def test_a_partly_right_head_is_accepted_and_stays_exact(targets, fitted, prompt
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids(prompt)))
     stats = out.speculative_stats
     assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
+    check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
+
+
+def test_compiled_steps_hand_the_head_the_targets_features(targets, fitted):
+    """Compiled decoding steps (a static cache and `compile_config`): the target's features come from the compiled
+    forward's `output_hidden_states`; each first draft token is still the head's guess from the true features."""
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
+    settings = dict(cache_implementation="static", compile_config=compile_config("eager"))
+    out, drafter = run(targets["llama"], fitted, "repetitive", settings, num_draft_tokens=3)
+    assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
+    assert out.speculative_stats.num_accepted_tokens > 0 and counters["stats"]["unique_graphs"] >= 1
     check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
 
 

@@ -11,6 +11,7 @@ from native_models import (
 )
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
 from test_batch_heads import check_rows_alone, eos_settings, sampled_ratios
+from test_compiled import compile_config
 from tiny_models import build_target
 from transformers.generation import candidate_generator
 from transformers.modeling_layers import MtpModel
@@ -51,6 +52,17 @@ def test_greedy_output_equals_plain_generate(mtp_targets, arch, num_layers, tree
         assert out.sequences.tolist() == plain_generate(target, prompt_ids(name)).tolist(), name
         accepted += out.speculative_stats.num_accepted_tokens
     assert accepted > 0
+
+
+@pytest.mark.parametrize("arch", MTP_ARCHS)
+def test_compiled_steps_keep_the_output(mtp_targets, arch):
+    """The target's compiled step forward (static cache, `compile_config`) hands the MTP layers the hidden states
+    they read through `output_hidden_states`: plain greedy output, drafts accepted."""
+    target, mtp_model = mtp_targets[arch, 2]
+    out = speculative_generate(target, prompt_ids("random"), hs.MTPDrafter(mtp_model), return_dict_in_generate=True,
+                               plain_floor=False, cache_implementation="static", compile_config=compile_config("eager"))
+    assert out.sequences.tolist() == plain_generate(target, prompt_ids("random")).tolist()
+    assert out.speculative_stats.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
