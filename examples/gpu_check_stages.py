@@ -2,10 +2,10 @@
 
 - `tests`: `tests/test_device.py` on the device (`pytest --device`), its report in `tests.xml`;
 - `compiled`: our compiled decoding (`hf-speculators bench --compile --compare-eager`: the default job, then the
-  draft model and prompt lookup, after one eager run of them all before anything is compiled) beside transformers'
-  compiled plain decoding, the dynamo graphs each run compiled,
-  the first calls' seconds (the compile time per call), then transformers' compiled plain and static-cache assisted
-  decoding against its eager output;
+  draft model, prompt lookup and the EAGLE-3 head, after one eager run of them all before anything is compiled)
+  beside transformers' compiled plain decoding, the dynamo graphs each run compiled, the first calls' seconds (the
+  compile time per call), then transformers' compiled plain and static-cache assisted decoding against its eager
+  output;
 - `bench`: the demo family through `hf-speculators bench`, eager: greedy at batch 1 and 8, sampling at batch 1;
 - `curve`: the verify cost curve and the loop's efficiency on a 1B target (`gpu_check_costs.py`);
 - `curve-compiled`: the loop's efficiency on the 1B target with plain decoding and ours both compiled;
@@ -59,8 +59,9 @@ PROMPTS = [  # the demo family's domains: verse, grade-school arithmetic, Python
 ]
 BENCH_METHODS = "plain,hf-prompt-lookup,hf-assisted,prompt-lookup,suffix,draft-model,eagle3,eagle3-tree,hybrid"
 SAMPLING_METHODS = "plain,prompt-lookup,draft-model,hybrid"  # at temperature 0.7, seeded
-# our compiled runs, the default job (`hf-speculators generate`'s preset) first; EAGLE-3 runs eagerly when compiled
-COMPILED_RUNS = ("hybrid", "draft-model,prompt-lookup")
+# our compiled runs, the default job (`hf-speculators generate`'s preset) first; EAGLE-3's target steps compile (its
+# features through `output_hidden_states`), its head runs eagerly
+COMPILED_RUNS = ("hybrid", "draft-model,prompt-lookup,eagle3")
 DEFAULT_PRESET = "demo-hybrid"
 FIRST_CALLS = 3  # calls of one prompt timed one by one: the first compiles
 COMPILED_PROMPTS = 4  # each prompt length compiles anew (the static cache's length follows it)
