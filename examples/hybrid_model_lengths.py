@@ -51,8 +51,10 @@ def main() -> None:
     tokenizer.padding_side = "left"
     config = hs.SpeculativeConfig.from_pretrained("demo-hybrid")
     drafters = {name: hybrid(config, model, tokenizer, name) for name in METHODS[1:]}
-    for drafter in drafters.values() if args.draft_sleep_ms > 0 else ():  # no hook in the timed path otherwise
-        drafter.model_drafter.draft_model.register_forward_pre_hook(lambda *_: time.sleep(args.draft_sleep_ms / 1e3))
+    if args.draft_sleep_ms > 0:  # no hook in the timed path otherwise
+        for drafter in drafters.values():
+            sleep = lambda *_: time.sleep(args.draft_sleep_ms / 1e3)  # noqa: E731
+            drafter.model_drafter.draft_model.register_forward_pre_hook(sleep)
     if args.suffix:
         drafters["suffix"] = build_drafter(config, model, tokenizer).model_free
     methods = (*METHODS, *drafters.keys() - set(METHODS))

@@ -29,6 +29,12 @@ def unique_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def fresh_dynamo() -> None:
+    """Forgets every compiled graph and dynamo's counters (`reset` keeps them: earlier tests' graphs would count)."""
+    torch._dynamo.reset()
+    counters.clear()
+
+
 def test_compiles_as_transformers_decides(zoo):
     model = zoo.target("llama")
     static = StaticCache(config=model.config, max_cache_len=8)
@@ -53,8 +59,7 @@ def test_no_recompilation_after_warm_up():
     """Calls with new prompt lengths, draft lengths that change every step (the goodput schedule, budgets cut by
     max_length) and rejections: the first call compiles the graphs of its steps, the target's and the draft model's,
     later calls compile nothing."""
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
+    fresh_dynamo()
     model = hs.enable(build_target("llama"))
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=4)
     settings = dict(do_sample=False, cache_implementation="static", compile_config=compile_config("eager"))
@@ -78,8 +83,7 @@ def test_no_recompilation_after_warm_up():
 def test_hybrid_catch_up_is_exact(monkeypatch):
     """After steps the suffix drafter drafted, the compiled draft model catches up with more than k + 1 tokens (the
     excess eagerly, then its fixed-width compiled forward): plain greedy output, no graph after the first call."""
-    torch._dynamo.reset()
-    counters.clear()
+    fresh_dynamo()
     fed = []
     catch_up = DraftModelDrafter._catch_up
     monkeypatch.setattr(DraftModelDrafter, "_catch_up",
@@ -103,8 +107,7 @@ def test_finished_rows_keep_the_batch_size(zoo):
     """A batch whose rows finish at different steps runs the graphs of a batch whose rows all run to the end: rows
     that finish keep their place in every compiled forward (the target's and the draft model's), so no new batch
     size compiles; each row is its own plain greedy output."""
-    torch._dynamo.reset()
-    counters.clear()
+    fresh_dynamo()
     model = zoo.target("llama")
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
     settings = dict(cache_implementation="static", compile_config=compile_config("eager"), plain_floor=False)
@@ -121,8 +124,7 @@ def test_finished_rows_keep_the_batch_size(zoo):
 
 def test_exact_under_inductor():
     """One row and a ragged batch, with rejections, compiled by inductor: token for token plain greedy output."""
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
+    fresh_dynamo()
     model = build_target("llama")
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
     settings = dict(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, cache_implementation="static",

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 from eagle_heads import (
     AUX_LAYER_IDS,
     fit_lm_head,
@@ -17,9 +16,9 @@ from eagle_heads import (
     reference_draft_ids,
     save_in_format,
 )
-from speculative_helpers import assert_same_tokens, plain_generate, prompt_ids, speculative_generate
+from speculative_helpers import assert_same_tokens, output_cache, plain_generate, prompt_ids, speculative_generate
 from tiny_models import VOCAB_SIZE, build_model
-from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteria, StaticCache, StoppingCriteriaList
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_speculators as hs
@@ -28,7 +27,7 @@ from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.config.speculators_format import speculators_settings
-from test_compiled import compile_config
+from test_compiled import compile_config, fresh_dynamo, unique_graphs
 from test_lossless import chi_square, chi_square_critical
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -138,18 +137,6 @@ def test_a_partly_right_head_is_accepted_and_stays_exact(targets, fitted, prompt
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids(prompt)))
     stats = out.speculative_stats
     assert 0 < stats.num_accepted_tokens < stats.num_drafted_tokens
-    check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
-
-
-def test_compiled_steps_hand_the_head_the_targets_features(targets, fitted):
-    """Compiled decoding steps (a static cache and `compile_config`): the target's features come from the compiled
-    forward's `output_hidden_states`; each first draft token is still the head's guess from the true features."""
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
-    settings = dict(cache_implementation="static", compile_config=compile_config("eager"))
-    out, drafter = run(targets["llama"], fitted, "repetitive", settings, num_draft_tokens=3)
-    assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
-    assert out.speculative_stats.num_accepted_tokens > 0 and counters["stats"]["unique_graphs"] >= 1
     check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
 
 
@@ -392,24 +379,18 @@ def test_the_demo_head_drafts_for_the_demo_target(tree):
     assert out.speculative_stats.num_accepted_tokens > 0
 
 
-def test_a_static_cache_with_compile_set_keeps_eagle3_exact(targets, fitted):
-    """EAGLE-3 over a static cache with the compile switch on (its steps run eagerly: `compiled.compiled_steps`,
-    tested in test_compiled.py): exact, a static cache returned, and the same drafts as over the dynamic cache."""
-    from transformers import CompileConfig, StaticCache
-
-    from speculative_helpers import output_cache
-
-    config = CompileConfig(backend="eager", mode=None)
-    config._compile_all_devices = True
-    def generate(**kwargs):  # without the floor, which reads the clock: the same drafts in both runs
-        drafter = RecordingEagle.from_pretrained(str(fitted), num_draft_tokens=3)
-        drafter.first_tokens = {}
-        return speculative_generate(targets["llama"], prompt_ids("repetitive"), drafter, return_dict_in_generate=True,
-                                    plain_floor=False, **kwargs)
-
-    dynamic, out = generate(), generate(cache_implementation="static", compile_config=config)
+def test_compiled_steps_keep_eagle3_exact(targets, fitted):
+    """EAGLE-3 over a static cache with the compile switch on: the target's steps compile, their features coming from
+    the compiled forward's `output_hidden_states` (`target.TargetForward`); exact, a static cache returned, each first
+    draft token the head's guess from the true features, and the same drafts as over the dynamic cache."""
+    fresh_dynamo()
+    dynamic, _ = run(targets["llama"], fitted, "repetitive", num_draft_tokens=3)
+    settings = dict(cache_implementation="static", compile_config=compile_config("eager"))
+    out, drafter = run(targets["llama"], fitted, "repetitive", settings, num_draft_tokens=3)
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
     assert isinstance(output_cache(out), StaticCache)
+    assert unique_graphs() >= 1  # the steps ran compiled
+    check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
     stats, reference = out.speculative_stats, dynamic.speculative_stats
     assert 0 < stats.num_accepted_tokens == reference.num_accepted_tokens
     assert stats.num_drafted_tokens == reference.num_drafted_tokens

@@ -4,11 +4,10 @@ for chains and token trees, one sequence and a batch."""
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 from batch_helpers import PAD, left_padded
 from drafters_for_tests import ScriptedDrafter, WrongFirstTreeDrafter
-from test_compiled import compile_config
 from speculative_helpers import PROMPTS, assert_same_tokens, plain_generate, prompt_ids, speculative_generate
+from test_compiled import compile_config, fresh_dynamo, unique_graphs
 
 import hf_speculators as hs
 from hf_speculators.drafters.base import TargetNeeds
@@ -95,15 +94,14 @@ def test_each_row_of_a_batch_gets_its_own_hidden_states(zoo, arch, shape):
 def test_compiled_steps_hand_over_the_same_hidden_states(zoo, arch, shape):
     """Compiled decoding steps (a static cache and `compile_config`) return the features through the forward's
     `output_hidden_states` instead of hooks, which would not run inside a graph: the same features, each row its own."""
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps dynamo's counters: earlier tests' graphs would count
+    fresh_dynamo()
     target, names = zoo.target(arch), ("random", "repetitive")
     references = [plain_generate(target, prompt_ids(name)) for name in names]
     drafter = RecordingDrafter([inner(shape, reference) for reference in references])
     input_ids, attention_mask = left_padded([PROMPTS[name] for name in names])
     out = speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, pad_token_id=PAD,
                                cache_implementation="static", compile_config=compile_config("eager"), plain_floor=False)
-    assert counters["stats"]["unique_graphs"] >= 1  # the steps ran compiled
+    assert unique_graphs() >= 1  # the steps ran compiled
     for row, reference in enumerate(references):
         assert out[row, -reference.shape[1]:].tolist() == reference[0].tolist()
         check_row(drafter, target, row, reference)

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
-from transformers import CompileConfig, StaticCache
+from transformers import StaticCache
 
 import hf_speculators as hs
 import hf_speculators.loop as loop
@@ -14,6 +13,7 @@ from drafters_for_tests import WrongFirstTreeDrafter
 from speculative_helpers import (cache_kwargs, make_drafter, output_cache, plain_generate, prompt_ids,
                                  speculative_generate)
 from test_batch import BATCH_PROMPTS, batched, expected_batch, scripted
+from test_compiled import compile_config, fresh_dynamo, unique_graphs
 from tiny_models import build_model, build_target
 
 STATIC = dict(cache_implementation="static")
@@ -124,11 +124,9 @@ def test_compiled_token_trees_are_exact_in_few_graphs():
     """Trees under compile: each step's query is padded to a multiple of k + 1 slots, so trees of 3 siblings per
     depth (up to 9 nodes) run at widths 4, 8 and 12 only (dynamo's `"eager"` backend: graphs without code
     generation), and their accepted paths (never the first nodes) are gathered in place."""
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps dynamo's counters
+    fresh_dynamo()
     model = hs.enable(build_target("llama"))
-    config = CompileConfig(backend="eager", mode=None)
-    config._compile_all_devices = True
+    config = compile_config("eager")
     for name in ("repetitive", "random"):
         ids = prompt_ids(name)
         reference = plain_generate(model, ids)
@@ -137,4 +135,4 @@ def test_compiled_token_trees_are_exact_in_few_graphs():
                              plain_floor=False, return_dict_in_generate=True, **STATIC)
         assert out.sequences.tolist() == reference.tolist()
         assert out.speculative_stats.num_accepted_tokens > MAX_NEW_TOKENS // 2
-    assert 1 <= counters["stats"]["unique_graphs"] <= 3  # compiled, at most one graph per width
+    assert 1 <= unique_graphs() <= 3  # compiled, at most one graph per width
