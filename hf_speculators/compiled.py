@@ -9,14 +9,19 @@ step's query is padded to `num_draft_tokens + 1` slots (gpt-fast's and vLLM's fi
 to the smallest of its two drafters' widths that holds it, `Drafter.draft_lengths`), its masks span
 the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
 cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
-(`RaggedCache(fixed_rows=True)`). The draft model's forwards compile the same way (`DraftModelDrafter`). Drafters
-that read the target's hidden states (EAGLE, Medusa) get them from the compiled forward; their heads run eagerly.
+(`RaggedCache(fixed_rows=True)`). The draft model's forwards and an EAGLE head's chain forwards compile the same
+way, over a static draft cache of their own (`DraftCompiler`). Drafters that read the target's hidden states (EAGLE,
+Medusa) get them from the compiled forward; Medusa's heads and EAGLE's token trees run eagerly.
 """
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .static_cache import is_static
+import torch
+
+from .cache import slots_per_row
+from .static_cache import draft_static_cache, is_static
 
 COMPILED_DEVICE_TYPES = ("cuda", "xpu", "neuron", "tpu")  # where transformers compiles without being told
 
@@ -61,6 +66,50 @@ def run_draft_model(model, **kwargs):
     `torch._dynamo.config.recompile_limit` (8) graphs, with the target's graphs and transformers' plain decoding's:
     past it dynamo runs the frame eagerly."""
     return model(**kwargs)
+
+
+def run_draft_head(head, *args):
+    """`head(*args)`: the frame an EAGLE head's forwards compile as (`EagleDrafter`), a code object of its own for
+    the reason `run_draft_model` gives (its graphs then count against no other module's limit)."""
+    return head(*args)
+
+
+class DraftCompiler:
+    """The compiled forward of one drafter's draft module and the static draft cache it runs over, when a call
+    compiles (the target's switch, `compiles`).
+
+    `function` (`run_draft_model` or `run_draft_head`) is compiled once per `compile_config` and kept: a drafter
+    that serves many calls compiles its graphs in the first and reuses them.
+
+    Args:
+        function (`Callable`): `function(module, ...)` runs the draft module; its code object is dynamo's cache key.
+    """
+
+    def __init__(self, function: Callable):
+        self.function = function
+        self._kept = None  # (compile_config, compiled function)
+
+    def static_cache(self, state, draft_config, num_draft_tokens: int, module) -> tuple | None:
+        """`(cache, call)` for a call whose target steps compile: an empty `StaticCache` for `module` (of
+        `draft_config`, one length bucket of `static_cache.draft_static_cache`) and `call(*args, **kwargs)`, the
+        compiled `function(module, *args, **kwargs)`; `None` when the call runs eagerly (no static target cache,
+        no compile switch, a module transformers would not compile, or a draft cache with sliding windows).
+
+        Args:
+            state (`DraftState`): the call (its target, target cache and generation config).
+            draft_config: the draft module's transformers config (its layers and attention heads).
+            num_draft_tokens (`int`): the most draft tokens a step proposes.
+            module (`nn.Module`): the draft module (`compilable` checks its quantizer and device map).
+        """
+        config = state.generation_config
+        if state.cache is None or not compiles(state.target, state.cache.cache, config) or not compilable(module):
+            return None
+        cache = draft_static_cache(draft_config, slots_per_row(config.max_length, num_draft_tokens, state.batch_size))
+        if cache is None:
+            return None
+        if self._kept is None or self._kept[0] != config.compile_config:  # kept: a new one would recompile
+            self._kept = (config.compile_config, torch.compile(self.function, **config.compile_config.to_dict()))
+        return cache, functools.partial(self._kept[1], module)
 
 
 def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:

@@ -7,6 +7,7 @@ import torch
 from batch_helpers import PAD, left_padded, two_token_joint
 from eagle_heads import fit_lm_head, random_eagle, random_eagle3
 from speculative_helpers import PROMPTS, plain_generate, prompt_ids, speculative_generate
+from test_compiled import compile_config, fresh_dynamo
 from test_lossless import chi_square, chi_square_critical
 from test_medusa import train_heads
 from tiny_models import VOCAB_SIZE, build_model
@@ -96,6 +97,30 @@ def test_rows_match_their_own_greedy_output_and_drafts(heads, arch, kind, num_dr
     target, make = heads[arch, kind]
     drafts = check_rows_alone(target, lambda: make(num_draft_tokens), eos_settings(target))
     assert any(tokens for row_drafts in drafts.values() for tokens, _ in row_drafts.values())
+
+
+def test_compiled_eagle3_rows_match_their_own_greedy_output_and_drafts(heads, monkeypatch):
+    """Compiled steps with the EAGLE-3 head compiled over a static head cache whose rows keep their place after they
+    finish (`RaggedCache(fixed_rows=True)`): each row its own greedy output and the drafts it gets alone."""
+    fresh_dynamo()
+    compiled_rows = []  # the rows of each compiled head forward
+    head_forward = hs.EagleDrafter._run
+
+    def run(self, state, token_ids, *args, compiled=False):
+        compiled_rows.append(len(token_ids)) if compiled else None
+        return head_forward(self, state, token_ids, *args, compiled=compiled)
+
+    monkeypatch.setattr(hs.EagleDrafter, "_run", run)
+    target, make = heads["llama", "eagle3"]
+    settings = dict(eos_settings(target), cache_implementation="static", compile_config=compile_config("eager"))
+    drafts = check_rows_alone(target, lambda: make(3), settings)
+    assert any(tokens for row_drafts in drafts.values() for tokens, _ in row_drafts.values())
+    assert {3, 2, 1} <= set(compiled_rows)  # the batch, after its first row finished, and each row alone
+    input_ids, attention_mask = left_padded([PROMPTS[name] for name in BATCH_PROMPTS])
+    drafter, eager_drafts = recording(make(3))
+    speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, plain_floor=False,
+                         **eos_settings(target))
+    assert drafts == eager_drafts  # the eager head over its dynamic cache drafts the same
 
 
 TREES = {

@@ -381,16 +381,25 @@ def test_the_demo_head_drafts_for_the_demo_target(tree):
 
 def test_compiled_steps_keep_eagle3_exact(targets, fitted):
     """EAGLE-3 over a static cache with the compile switch on: the target's steps compile, their features coming from
-    the compiled forward's `output_hidden_states` (`target.TargetForward`); exact, a static cache returned, each first
-    draft token the head's guess from the true features, and the same drafts as over the dynamic cache."""
+    the compiled forward's `output_hidden_states` (`target.TargetForward`), and so do the head's forwards over a
+    static head cache (`compiled.run_draft_head`). Exact, a static cache returned, each first draft token the head's
+    guess from the true features, the same drafts as over the dynamic cache; three graphs (the target's k + 1 slots,
+    the head's catch-up of k + 1 pairs, its one-node chain step), none more for other prompt lengths (a one-token
+    prompt; the prompt fed partly eagerly), the goodput schedule's draft lengths or another drafter of the head."""
     fresh_dynamo()
     dynamic, _ = run(targets["llama"], fitted, "repetitive", num_draft_tokens=3)
     settings = dict(cache_implementation="static", compile_config=compile_config("eager"))
     out, drafter = run(targets["llama"], fitted, "repetitive", settings, num_draft_tokens=3)
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
     assert isinstance(output_cache(out), StaticCache)
-    assert unique_graphs() >= 1  # the steps ran compiled
+    assert unique_graphs() == 3  # eager heads: 1
     check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
     stats, reference = out.speculative_stats, dynamic.speculative_stats
     assert 0 < stats.num_accepted_tokens == reference.num_accepted_tokens
     assert stats.num_drafted_tokens == reference.num_drafted_tokens
+    for prompt in ("one_token", "random"):
+        out, drafter = run(targets["llama"], fitted, prompt, {**settings, "num_draft_tokens_schedule": "goodput"},
+                           num_draft_tokens=3)
+        assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids(prompt)))
+    check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
+    assert unique_graphs() == 3

@@ -5,13 +5,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..cache import RaggedCache, check_batch_support, prepare_cache, slots_per_row
-from ..compiled import compilable, compiles, run_draft_model
+from ..cache import RaggedCache, check_batch_support, prepare_cache
+from ..compiled import DraftCompiler, run_draft_model
 from ..draft import Draft
 from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
 from ..query import Query, forward
-from ..static_cache import allocated, draft_static_cache
+from ..static_cache import allocated
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
 from ..quantization import QUANTIZATIONS
@@ -179,7 +179,7 @@ class DraftModelDrafter(Drafter):
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
         self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
-        self._compiled = None  # (compile_config, compiled `run_draft_model`): one compiled function per configuration
+        self._compiler = DraftCompiler(run_draft_model)  # one compiled function per compile_config, kept
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -247,20 +247,12 @@ class DraftModelDrafter(Drafter):
     def _compiled_cache(self, state: DraftModelState):
         """When the call compiles (the target's static cache and `compile_config`: `compiled.compiles`, the target's
         own switch) and the draft shares the target's vocabulary, an empty static draft cache of a length bucket
-        (`static_cache.draft_static_cache`), with `state.compiled_call` set; else `None` (eager drafting on a
-        dynamic cache)."""
-        config = state.generation_config
-        if (state.cache is None or state.bridge is not None
-                or not compiles(state.target, state.cache.cache, config)):
+        (`compiled.DraftCompiler`), with `state.compiled_call` set; else `None` (eager drafting on a dynamic cache)."""
+        compiled = state.bridge is None and self._compiler.static_cache(
+            state, self.draft_model.config, self.num_draft_tokens, self.draft_model)
+        if not compiled:
             return None
-        slots = slots_per_row(config.max_length, self.num_draft_tokens, state.batch_size)
-        cache = draft_static_cache(self.draft_model.config, slots)
-        if cache is None or not compilable(self.draft_model):
-            return None
-        if self._compiled is None or self._compiled[0] != config.compile_config:  # kept: a new one would recompile
-            self._compiled = (config.compile_config, torch.compile(run_draft_model, **config.compile_config.to_dict()))
-        compiled, model = self._compiled[1], self.draft_model
-        state.compiled_call = lambda **kwargs: compiled(model, **kwargs)
+        cache, state.compiled_call = compiled
         state.catch_up_width = self.num_draft_tokens + 1
         return cache
 

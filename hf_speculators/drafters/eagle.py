@@ -1,6 +1,6 @@
 """Drafting with an EAGLE head (EAGLE-3, EAGLE-1/2) from the target's own hidden states, as chains or trees."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -8,10 +8,12 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..cache import RaggedCache, rollback
+from ..compiled import DraftCompiler, run_draft_head
 from ..draft import Draft
 from ..heads.eagle import check_head_fits
 from ..heads.eagle_formats import load_eagle_head
 from ..heads.files import head_folder
+from ..static_cache import allocated
 from ..vocab import widen_logits
 from .base import DraftState, StepFeedback, TargetNeeds
 from .head import HeadDrafter, keep_features, take_features, tree_depth
@@ -22,7 +24,8 @@ from .spec import MethodSpec, Setting, Variant, VllmMapping
 @dataclass
 class EagleState(DraftState):
     """An `EagleDrafter`'s call: the head on the target's device and dtype, the head's cache of committed pairs
-    (one row per running row of the call) and each row's features observed but not fed to the head yet."""
+    (one row per running row of the call), each row's features observed but not fed to the head yet and, when the
+    call compiles, the head's compiled forward (`compiled.DraftCompiler`; the head's cache is then static)."""
 
     head: nn.Module = None
     embeddings: nn.Module = None  # the head's own token embeddings, else the target's
@@ -30,6 +33,7 @@ class EagleState(DraftState):
     draft_to_target: torch.LongTensor | None = None  # draft id -> target id, for a reduced draft vocabulary
     head_cache: RaggedCache | None = None
     pending: dict = field(default_factory=dict)  # row -> list of features `(n, width)` not fed yet
+    head_call: Callable | None = None
 
 
 def _causal_mask(num_cached: int, width: int, dtype: torch.dtype) -> torch.FloatTensor:
@@ -47,7 +51,8 @@ class _DraftSlots:
 
     Args:
         cache (`RaggedCache`): the head's cache, holding each row's committed pairs.
-        one_row (`bool`): whether the cache has one row and no holes: a chain's nodes then need no mask.
+        one_row (`bool`): whether the cache is dynamic with one row and no holes: a chain's nodes then need no mask
+            (a static cache's forwards always take one over its every slot).
     """
 
     def __init__(self, cache: RaggedCache, one_row: bool):
@@ -110,6 +115,11 @@ class EagleDrafter(HeadDrafter):
     head forward (the new pairs, each chain position, each tree depth) serves every row; rows may draft trees of
     different shapes.
 
+    When the call compiles (a static cache and `compile_config`, `compiled.compiles`), chains compile too
+    (`compiled.DraftCompiler`): the head's cache is a `StaticCache` of a length bucket, each step's new pairs run in
+    one compiled forward of `num_draft_tokens + 1` slots (holes after a row's pairs; pairs before the last
+    `num_draft_tokens + 1` fed eagerly first) and each chain node in one of one slot. Trees run eagerly.
+
     A reduced draft vocabulary maps back with `target_id = draft_id + d2t[draft_id]`; the draft's scores are
     laid out in the target's vocabulary with the lowest score elsewhere, then go through the call's logits
     processors and warpers, so the draft distribution is zero outside the draft vocabulary and rejection sampling
@@ -148,6 +158,7 @@ class EagleDrafter(HeadDrafter):
                  tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
         self.tree = None if tree is None else tree_shape(tree)
         super().__init__(head, num_draft_tokens if self.tree is None else self.tree.depth)
+        self._compiler = DraftCompiler(run_draft_head)  # chains of a compiled call; kept per compile_config
 
     @property
     def head(self) -> nn.Module:
@@ -192,23 +203,76 @@ class EagleDrafter(HeadDrafter):
         state.target_head = target.get_output_embeddings()
         d2t = head.d2t
         state.draft_to_target = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
-        state.head_cache = RaggedCache(DynamicCache(), torch.zeros(state.batch_size, 0, dtype=torch.bool))
+        compiled = self.tree is None and self._compiler.static_cache(state, head.config, self.num_draft_tokens, head)
+        cache, state.head_call = compiled or (DynamicCache(), None)
+        state.head_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool),
+                                       fixed_rows=state.head_call is not None)
 
     def observe(self, state: EagleState, feedback: StepFeedback) -> None:
         """Keeps each row's features of its newly kept tokens until the next `propose` feeds them to the head."""
         keep_features(state.pending, feedback)
 
-    def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask):
-        """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache; returns the
-        states to feed back `(batch_size, q, H)` and the logits in the target's vocabulary `(batch_size, q,
-        vocab_size)`."""
-        device = token_ids.device
-        feedback, logits = state.head(state.embeddings(token_ids), hidden_states, position_ids.to(device),
-                                      state.head_cache.cache, None if mask is None else mask.to(device),
-                                      state.target_head)
+    def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask, compiled: bool = False):
+        """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache (`compiled`:
+        the head's compiled forward, `state.head_call`); returns the states to feed back `(batch_size, q, H)` and
+        the logits in the target's vocabulary `(batch_size, q, vocab_size)`. Over a static head cache, the rows
+        that left the call get dummy inputs (`RaggedCache.to_batch`)."""
+        device, cache = token_ids.device, state.head_cache
+        embeds, position_ids = state.embeddings(token_ids), position_ids.to(device)
+        mask = None if mask is None else mask.to(device)
+        if cache.static_width is not None:
+            mask = mask.clone(memory_format=torch.contiguous_format)  # dynamo guards strides: a chain's is a slice's
+            embeds, hidden_states, position_ids, mask = (cache.to_batch(tensor, 0)
+                                                         for tensor in (embeds, hidden_states, position_ids, mask))
+        feedback, logits = (state.head_call if compiled else state.head)(embeds, hidden_states, position_ids,
+                                                                        cache.cache, mask, state.target_head)
+        feedback, logits = cache.from_batch(feedback), cache.from_batch(logits)
         if state.draft_to_target is not None:
             logits = widen_logits(logits, state.draft_to_target, self.head.vocab_size)
         return feedback, logits
+
+    def _feed_pairs(self, state: EagleState, features: list, token_ids: list, width: int | None = None,
+                    compiled: bool = False) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+        """Feeds each row's new pairs, features `features[i]` `(n_i, F)` (`None`: none) and tokens `token_ids[i]`
+        `(n_i,)`, in one head forward (`width` slots per row, default the most pairs of a row; the rest holes);
+        they join the committed pairs of the head's cache. Returns the state to feed back `(batch_size, H)` and the
+        logits `(batch_size, vocab_size)` after each row's last pair (any slot's for a row with none)."""
+        cache, dtype = state.head_cache, state.head.fc.weight.dtype
+        num_new = [0 if row_features is None else len(row_features) for row_features in features]
+        some = next(row_features for row_features in features if row_features is not None)
+        width = width or max(num_new)
+        features = torch.stack([torch.nn.functional.pad(some[:0] if row is None else row, (0, 0, 0, width - count))
+                                for row, count in zip(features, num_new)])  # [batch, width, F]
+        token_ids = torch.stack([torch.nn.functional.pad(some.new_zeros(0, dtype=torch.long) if ids is None else ids,
+                                                         (0, width - count)) for ids, count in zip(token_ids, num_new)])
+        valid = torch.arange(width)[None] < torch.tensor(num_new)[:, None]  # each row's new pairs first, then holes
+        # one row over a dynamic cache never leaves a hole in it: a causal mask (none for one query) serves
+        if state.batch_size == 1 and cache.static_width is None:
+            mask = None if width == 1 else _causal_mask(cache.num_slots, width, dtype)
+        else:
+            mask = cache.additive_mask(valid, dtype)
+        position_ids = cache.lengths[:, None] + torch.arange(width)
+        feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask,
+                                     compiled=compiled)
+        cache.append(valid, gather=False)  # each row's new pairs are the first of its query
+        last = torch.tensor(num_new, device=logits.device).clamp_min(1) - 1
+        batch = torch.arange(len(num_new), device=logits.device)
+        return feedback[batch, last], logits[batch, last]
+
+    def _catch_up(self, state: EagleState, features: list, token_ids: list):
+        """`_feed_pairs` of each row's new pairs: at once, eagerly; or, when the call compiles, each row's last
+        `num_draft_tokens + 1` pairs (the most a step commits) in one compiled forward of that width, any pairs
+        before them (the prompt's; or after steps another drafter or the loop's floor ran) first, eagerly."""
+        if state.head_call is None:
+            return self._feed_pairs(state, features, token_ids)
+        width = self.num_draft_tokens + 1
+        early = [None if row is None or len(row) <= width else row[:-width] for row in features]
+        if any(row is not None for row in early):
+            early_ids = [None if row is None else ids[: len(row)] for row, ids in zip(early, token_ids)]
+            self._feed_pairs(state, early, early_ids)
+        late = [None if row is None else row[-width:] for row in features]
+        return self._feed_pairs(state, late, [None if ids is None else ids[-width:] for ids in token_ids], width,
+                                compiled=allocated(state.head_cache.cache))
 
     @torch.no_grad()
     def propose(self, state: EagleState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
@@ -222,31 +286,12 @@ class EagleDrafter(HeadDrafter):
         if not any(num_new):
             return [Draft.empty(ids.device) for ids in input_ids]
         budgets = [budget if count else 0 for budget, count in zip(max_tokens, num_new)]
-        # 2. feed every row's new pairs in one forward; they join the committed pairs of the head's cache
-        some = next(rows_features for rows_features in features if rows_features is not None)
-        features = torch.nn.utils.rnn.pad_sequence(  # [batch, most new, width]
-            [some[:0] if rows_features is None else rows_features for rows_features in features], batch_first=True)
-        token_ids = torch.nn.utils.rnn.pad_sequence(
-            [ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)], batch_first=True)
-        width, dtype = features.shape[1], state.head.fc.weight.dtype
-        valid = torch.arange(width)[None] < torch.tensor(num_new)[:, None]  # each row's new pairs first, then holes
-        # a call of one row never leaves a hole in the head's cache: a causal mask (none for one query) serves
-        one_row = state.batch_size == 1
-        if one_row:
-            mask = None if width == 1 else _causal_mask(cache.num_slots, width, dtype)
-        else:
-            mask = cache.additive_mask(valid, dtype)
-        position_ids = cache.lengths[:, None] + torch.arange(width)
-        feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask)
-        cache.append(valid, gather=False)  # each row's new pairs are the first of its query
-        if min(num_new) == width:  # every row's last pair is the last slot
-            feedback, logits = feedback[:, -1], logits[:, -1]  # [batch, H], [batch, vocab]
-        else:
-            last = torch.tensor(num_new, device=logits.device).clamp_min(1) - 1
-            batch = torch.arange(len(num_new), device=logits.device)
-            feedback, logits = feedback[batch, last], logits[batch, last]
+        cache.reserve(max(num_new) + self.num_draft_tokens + 1)  # a static cache: the new pairs, holes or draft nodes
+        # 2. feed every row's new pairs; they join the committed pairs of the head's cache
+        token_ids = [None if count == 0 else ids[0, ids.shape[1] - count :] for ids, count in zip(input_ids, num_new)]
+        feedback, logits = self._catch_up(state, features, token_ids)  # [batch, H], [batch, vocab]
         # 3. draft from each row's last pair; the draft nodes leave the head's cache afterwards
-        slots = _DraftSlots(cache, one_row)
+        slots = _DraftSlots(cache, state.batch_size == 1 and cache.static_width is None)
         if self.tree is None:
             drafts = self._chains(state, slots, input_ids, feedback, logits, budgets)
         else:
@@ -261,7 +306,8 @@ class EagleDrafter(HeadDrafter):
         def next_logits(step: int, tokens: torch.LongTensor, feeding: list[bool]) -> torch.FloatTensor:
             nonlocal fed_back
             position_ids, mask = slots.inputs([[row] for row in feeding], step, fed_back.dtype)
-            fed_back, step_logits = self._run(state, tokens[:, None], fed_back, position_ids, mask)
+            fed_back, step_logits = self._run(state, tokens[:, None], fed_back, position_ids, mask,
+                                              compiled=state.head_call is not None)
             return step_logits[:, 0]
 
         return self.draft_chains(state, input_ids, logits, budgets, next_logits)

@@ -64,6 +64,7 @@ class EagleAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * self.head_dim, config.hidden_size, bias=o_bias)
         self.q_norm = _llama().LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
         self.k_norm = _llama().LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
+        self.rotate = _llama().apply_rotary_pos_emb  # read here: dynamo warns of the cached `_llama()` in a graph
 
     def _heads(self, projection, norm, hidden_states):
         batch, length, _ = hidden_states.shape
@@ -77,7 +78,7 @@ class EagleAttention(nn.Module):
         query = self._heads(self.q_proj, self.q_norm, hidden_states)
         key = self._heads(self.k_proj, self.k_norm, hidden_states)
         value = self._heads(self.v_proj, None, hidden_states)
-        query, key = _llama().apply_rotary_pos_emb(query, key, *position_embeddings)
+        query, key = self.rotate(query, key, *position_embeddings)
         key, value = cache.update(key, value, self.layer_idx)
         output = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                             enable_gqa=True)
