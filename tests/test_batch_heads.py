@@ -99,9 +99,10 @@ def test_rows_match_their_own_greedy_output_and_drafts(heads, arch, kind, num_dr
     assert any(tokens for row_drafts in drafts.values() for tokens, _ in row_drafts.values())
 
 
-def test_compiled_eagle3_rows_match_their_own_greedy_output_and_drafts(heads, monkeypatch):
+def test_compiled_eagle3_rows_match_the_eager_batch(heads, monkeypatch):
     """Compiled steps with the EAGLE-3 head compiled over a static head cache whose rows keep their place after they
-    finish (`RaggedCache(fixed_rows=True)`): each row its own greedy output and the drafts it gets alone."""
+    finish (`RaggedCache(fixed_rows=True)`): the same tokens and drafts as the eager batch over dynamic caches (each
+    row its own greedy output and the drafts it gets alone: `test_rows_match_their_own_greedy_output_and_drafts`)."""
     fresh_dynamo()
     compiled_rows = []  # the rows of each compiled head forward
     head_forward = hs.EagleDrafter._run
@@ -112,15 +113,16 @@ def test_compiled_eagle3_rows_match_their_own_greedy_output_and_drafts(heads, mo
 
     monkeypatch.setattr(hs.EagleDrafter, "_run", run)
     target, make = heads["llama", "eagle3"]
-    settings = dict(eos_settings(target), cache_implementation="static", compile_config=compile_config("eager"))
-    drafts = check_rows_alone(target, lambda: make(3), settings)
-    assert any(tokens for row_drafts in drafts.values() for tokens, _ in row_drafts.values())
-    assert {3, 2, 1} <= set(compiled_rows)  # the batch, after its first row finished, and each row alone
     input_ids, attention_mask = left_padded([PROMPTS[name] for name in BATCH_PROMPTS])
-    drafter, eager_drafts = recording(make(3))
-    speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, plain_floor=False,
-                         **eos_settings(target))
-    assert drafts == eager_drafts  # the eager head over its dynamic cache drafts the same
+    outputs = []
+    for compile_settings in ({}, dict(cache_implementation="static", compile_config=compile_config("eager"))):
+        drafter, drafts = recording(make(3))
+        out = speculative_generate(target, input_ids, drafter, attention_mask=attention_mask, plain_floor=False,
+                                   **eos_settings(target), **compile_settings)
+        outputs.append((out.tolist(), drafts))
+    assert outputs[1] == outputs[0]
+    assert {3, 2} <= set(compiled_rows)  # the batch, then without the rows that finished
+    assert any(tokens for row_drafts in outputs[0][1].values() for tokens, _ in row_drafts.values())
 
 
 TREES = {
