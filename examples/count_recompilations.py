@@ -3,10 +3,11 @@
 The demo target and a preset run greedy with a static cache and transformers' compile switch, compiled with dynamo's
 `"eager"` backend (graphs captured and guarded as under inductor, no code generated: the count is inductor's, at a
 fraction of its time). Each call's prompt length, the goodput schedule's draft lengths and the rows' rejections
-change from call to call. The warm-up runs the first prompt of each cache length bucket the run meets
-(`hf_speculators.static_cache.length_bucket`: each bucket is a new cache shape, as the bench warms up every batch's
-shape) twice: the second time a hybrid's suffix decoding drafts from the first call's output, so its longer verify
-width compiles as well. After the warm-up no new graph should appear. Prints the graph count after the warm-up and after every call.
+change from call to call. The warm-up runs the first batch of each shape the run meets (a cache length bucket,
+`hf_speculators.static_cache.length_bucket`, and a number of rows: each is a new shape, as the bench warms up every
+batch's shape) twice: the second time a hybrid's suffix decoding drafts from the first call's output, so its longer
+verify width compiles as well. After the warm-up no new graph should appear. Prints the graph count after the
+warm-up and after every call.
 
     python examples/count_recompilations.py [--limit 30] [--max-new-tokens 64] [--preset demo-hybrid] \\
         [--schedule goodput] [--batch-size 1]
@@ -41,12 +42,14 @@ def main():
     encoded = [encode_truncated(tokenizer, p.text, False, 512, model.device)
                for p in load_prompts("spec-bench", limit=args.limit)]
     batches = make_batches(encoded, args.batch_size, pad_token(tokenizer))
-    extra = config.build(model, tokenizer)[0].num_draft_tokens + (32 if args.batch_size > 1 else 0)  # `decoding.generate`'s slots
-    first_of_bucket = {}
+    # the slots `decoding.generate` adds to a row's length
+    extra = config.build(model, tokenizer)[0].num_draft_tokens + (32 if args.batch_size > 1 else 0)
+    first_of_shape = {}  # (cache length bucket, rows): a batch of that shape (a last batch may hold fewer rows)
     for batch in batches:
-        first_of_bucket.setdefault(length_bucket(batch.input_ids.shape[1] + args.max_new_tokens + extra), batch)
+        bucket = length_bucket(batch.input_ids.shape[1] + args.max_new_tokens + extra)
+        first_of_shape.setdefault((bucket, batch.input_ids.shape[0]), batch)
     run = lambda batch: check(model, tokenizer, config, compile_config, batch, args)  # noqa: E731
-    for batch in first_of_bucket.values():
+    for batch in first_of_shape.values():
         run(batch)
         run(batch)
     warm = counters["stats"]["unique_graphs"]
@@ -55,7 +58,7 @@ def main():
         run(batch)
         graphs.append(counters["stats"]["unique_graphs"])
     print(f"{args.preset}, {args.schedule} schedule, {len(graphs)} calls of batch {args.batch_size}, "
-          f"{args.max_new_tokens} new tokens; cache length buckets {sorted(first_of_bucket)}, warmed up on two "
+          f"{args.max_new_tokens} new tokens; (cache length bucket, rows) {sorted(first_of_shape)}, warmed up on two "
           f"calls each: {warm} graphs; after each call {graphs}; new graphs after the warm-up: {graphs[-1] - warm}")
 
 
