@@ -8,7 +8,8 @@ target forward's median milliseconds per query width (chains and trees apart), a
 milliseconds per token. Wall time on a shared machine: compare within one run.
 
     python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
-    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile] [--ops]
+    python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile] [--ops] \
+        [--batch-size 4]
 
 With `--compile`, both ours and plain decode compiled (the bench's `--compile`: a static cache and transformers'
 `CompileConfig`, `tools.bench.engines.compiled_kwargs`); the warm-up call compiles, plain's own warm-up runs first.
@@ -37,6 +38,7 @@ from hf_speculators import loop, target
 from hf_speculators.config.build import build_drafter
 from hf_speculators.metrics import clock
 from hf_speculators.prompts import load_prompts
+from hf_speculators.tools.bench.batches import make_batches, pad_token, row_new_ids
 from hf_speculators.tools.bench.engines import compiled_kwargs
 
 from demo_runs import add_run_options, demo_target, generate_options
@@ -112,21 +114,28 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="also count torch operators and host reads per phase")
     parser.add_argument("--preset", default="demo-hybrid", help="the preset whose drafter runs (default: the default "
                         "job's, demo-hybrid)")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts per call, left padded (a step serves every "
+                        "row: its tokens per step are the batch's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = demo_target(args.device)
     drafter = build_drafter(hs.SpeculativeConfig.from_pretrained(args.preset), model, tokenizer)
-    encoded = [tokenizer(prompt.text, return_tensors="pt").to(model.device)
+    encoded = [(tokenizer(prompt.text, return_tensors="pt").input_ids.to(model.device), False)
                for prompt in load_prompts(args.prompts, args.limit)]
+    batches = make_batches(encoded, args.batch_size, pad_token(tokenizer))
     options = generate_options(args) | (compiled_kwargs(model) if args.compile else {})
 
     def calls(speculative: bool) -> tuple[float, int]:
         start, new_tokens = clock(model.device), 0
-        for seed, inputs in enumerate(encoded):
+        for seed, batch in enumerate(batches):
             torch.manual_seed(seed)
             extra = dict(candidate_generator=drafter, tokenizer=tokenizer,
                          generator=torch.Generator(model.device).manual_seed(seed)) if speculative else {}
-            new_tokens += model.generate(**inputs, **options, **extra).shape[1] - inputs.input_ids.shape[1]
+            padding = {} if batch.attention_mask is None else dict(attention_mask=batch.attention_mask,
+                                                                   pad_token_id=batch.pad_token_id)
+            out = model.generate(batch.input_ids, **padding, **options, **extra)
+            width = batch.input_ids.shape[1]
+            new_tokens += sum(len(ids) for ids in row_new_ids(out, width, model.generation_config.eos_token_id))
         return clock(model.device) - start, new_tokens
 
     calls(True)  # warm-up
