@@ -93,7 +93,11 @@ class _DraftSlots:
             self._visible = visible
         # the fed slots as one query: each sees what `visible` says
         fed_valid = torch.cat([torch.as_tensor(part, dtype=torch.bool) for part in self._valid], dim=1)
-        return position_ids, self.cache.additive_mask(fed_valid, dtype, self._visible)[:, :, num_fed:]
+        mask = self.cache.additive_mask(fed_valid, dtype, self._visible)[:, :, num_fed:]
+        # compiled graphs are guarded on strides, which this slice's change with `num_fed`: a copy keeps them fixed
+        if self.cache.static_width is not None:
+            mask = mask.clone(memory_format=torch.contiguous_format)
+        return position_ids, mask
 
     def drop(self) -> None:
         """Drops every fed node from the head's cache: it holds the committed pairs again."""
@@ -221,7 +225,6 @@ class EagleDrafter(HeadDrafter):
         embeds, position_ids = state.embeddings(token_ids), position_ids.to(device)
         mask = None if mask is None else mask.to(device)
         if cache.static_width is not None:
-            mask = mask.clone(memory_format=torch.contiguous_format)  # dynamo guards strides: a chain's is a slice's
             embeds, hidden_states, position_ids, mask = (cache.to_batch(tensor, 0)
                                                          for tensor in (embeds, hidden_states, position_ids, mask))
         feedback, logits = (state.head_call if compiled else state.head)(embeds, hidden_states, position_ids,
