@@ -38,15 +38,26 @@ def test_greedy_output_is_exact_and_a_repeat_drafts_from_memory(zoo):
     assert figures[1]["model_free"]["accepted_tokens"] > 2 * figures[1]["model_free"]["steps"]
 
 
-def test_every_row_of_a_batch_is_its_plain_greedy_output(zoo):
+@pytest.mark.parametrize("use_tree_spec, cut", [(False, False), (True, True)], ids=["chain", "tree-cut"])
+def test_every_row_of_a_batch_is_its_plain_greedy_output(zoo, monkeypatch, use_tree_spec, cut):
+    """With `cut`, every model-free draft is cut to the narrowest common width (`HybridState.common_width`):
+    a token tree's first nodes, best first, still a tree."""
+    from hf_speculators.drafters.hybrid import HybridState
+
+    if cut:
+        monkeypatch.setattr(HybridState, "common_width", lambda self, probs, widths, rows, seconds: max([1, *widths]))
     model, prompts = zoo.target("llama"), [PROMPTS[name] for name in BATCH_PROMPTS]
     expected = laid_out(prompts, [zoo.reference("llama", name)[0].tolist() for name in BATCH_PROMPTS])
-    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=6),
+    drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=6, use_tree_spec=use_tree_spec),
                                scripted(zoo, "llama", BATCH_PROMPTS, 3, max_new_tokens=MAX_NEW_TOKENS))
     for _ in range(2):  # the second call mixes sources across rows and steps
         out = batched_generate(model, drafter, prompts)
         assert torch.equal(out.sequences, expected)
-    assert all(source["steps"] > 0 for source in out.speculative_stats.drafter_stats.values())
+    figures = out.speculative_stats.drafter_stats
+    assert all(source["steps"] > 0 for source in figures.values())
+    free = figures["model_free"]
+    assert sum(source["drafted_tokens"] for source in figures.values()) == out.speculative_stats.num_drafted_tokens
+    assert free["drafted_tokens"] <= 3 * free["steps"] or not cut  # no longer than the model's 3 when cut
 
 
 class GreedyContinuationDrafter(hs.Drafter):
@@ -139,6 +150,30 @@ def test_the_model_free_draft_is_taken_when_it_promises_more_tokens_per_second()
     state.step_seconds["model_free"], state.step_seconds["plain"] = [100, 150.0], [100, 100.0]  # free steps 1.5x
     assert state.seconds_ratio("model_free", "plain") == pytest.approx(152.5 / 102.5)  # priors at the mean, 1.25 s
     assert not state.free_beats_plain(0.8) and state.free_beats_plain(2.0)  # 1 + 0.25 * score against 1.49
+
+
+def test_a_long_model_free_draft_is_cut_to_the_width_of_the_most_tokens_per_second():
+    """Four rows, one verify forward: a row's 8-token model-free draft widens every row's query. At 1 s plus 0.02 s
+    per slot (0.08 s per token of width), drafts accepted as scored keep the tokens worth their slots; accepted at a
+    tenth of their scores, the draft is cut to the model drafts' width; before a step was measured nothing is cut."""
+    from hf_speculators.drafters.hybrid import HybridState
+    from transformers import GenerationConfig
+
+    state = HybridState(None, GenerationConfig())
+    state.model_lengths = hs.schedules.make_schedule("constant", 2)
+    probs = [(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)]
+    assert state.common_width(probs, [2], 4, 0.0) == 8
+    for width in (1, 9):
+        state.verify_cost.add(4 * (width + 1), 1.0 + 0.08 * (width + 1))
+    assert state.verify_cost(8) == pytest.approx(1.16, rel=1e-3)
+    state.figures["model"] = [10, 20, 10]  # 1 accepted per model draft
+    # (4 rows + 1 model-accepted + sum(probs[:w])) / (1 + 0.08 * (w + 1)): 5.606 at w = 3, 5.714, 5.743, 5.705 at 6
+    assert state.common_width(probs, [2], 4, 0.0) == 5
+    assert state.common_width(probs, [2], 4, 10.0) == 8  # drafting dearer than verifying: every token pays
+    state.figures["model_free"], state.free_scores = [10, 40, 1], 28.0  # accepted at (1 + 2) / (28 + 2) of scores
+    assert state.common_width(probs, [2], 4, 0.0) == 2
+    assert state.common_width(probs, [], 4, 0.0) == 1
+    assert state.common_width([(0.9, 0.8)], [3], 4, 0.0) == 2  # nothing beyond the model's width to cut
 
 
 @pytest.mark.parametrize("num_correct, short", [(1, True), (4, False)])

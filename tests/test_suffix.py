@@ -33,6 +33,9 @@ def test_speculation_of_the_reference_example(tree, expected):
                       eos_token_ids=set())
     assert (draft.token_ids, draft.parent_ids) == expected
     assert draft.match_length == 3 and draft.score == pytest.approx(1.5)
+    assert draft.probs == pytest.approx((0.5, 0.5, 0.5))
+    cut = draft.truncated(2)  # best first: every kept token's parent is kept
+    assert (cut.token_ids, cut.parent_ids) == (expected[0][:2], expected[1][:2]) and cut.score == pytest.approx(1.0)
 
 
 def test_draft_length_follows_the_match_length_and_the_settings():

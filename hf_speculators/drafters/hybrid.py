@@ -11,6 +11,7 @@ from ..draft import Draft
 from ..floor import PlainFloor
 from ..metrics import clock
 from ..schedules import DraftLengthSchedule, check_schedule, make_schedule
+from ..schedules.goodput import CostFit
 from ..step import Proposal, RowOutcome
 from .base import Drafter, DraftState, StepFeedback, TargetNeeds
 from .eagle import EAGLE_HEAD
@@ -22,6 +23,9 @@ PLAIN = "plain"  # the timing key of a step without a draft (`HybridState.step_s
 # the weight, in steps, of the priors of `HybridState.free_accepted_per_score` (its drafts accepted as scored) and of
 # `HybridState.seconds_ratio` (both kinds of steps alike): a few measured steps of a kind take over
 PRIOR_STEPS = 2.0
+# the prior of `HybridState.verify_cost`: one more query slot costs this share of a one-slot forward, and the
+# decay of its observations' weight per later step (the goodput schedule's)
+VERIFY_RELATIVE_SLOPE, VERIFY_MEMORY = 0.1, 0.98
 
 
 @dataclass
@@ -43,11 +47,16 @@ class HybridState(DraftState):
         model_lengths (`DraftLengthSchedule`, *optional*): chooses the model drafter's draft length each step
             (the goodput schedule: from its drafts' acceptance per position and the measured costs of this call's
             model-drafted steps).
-        model_step (`tuple`, *optional*): of the step in flight, if the model drafted: its rows' draft lengths asked,
-            draft tokens and depths (`{row: (asked, nodes, depth)}`), its drafting seconds and the time drafting ended.
+        model_step (`tuple`, *optional*): of the step in flight: its model-drafted rows' draft lengths asked, draft
+            tokens and depths (`{row: (asked, nodes, depth)}`, empty when the model did not draft), its seconds of
+            drafting (both drafters') and the time drafting ended.
         model_floor (`PlainFloor`, *optional*): which rows the model drafter may draft for: a row whose model-drafted
             steps commit fewer tokens per second than the steps without a model draft is held from it (and probed
             now and then), its steps drafted by the model-free drafter where it has a draft and plain otherwise.
+        verify_cost (`CostFit`): seconds of a step after its drafting (the target's forward, verification and
+            bookkeeping) against the query slots it scored, `rows * (widest draft + 1)`: every step's, whichever source
+            drafted.
+        step_slots (`int`): the query slots of the step in flight.
     """
 
     model_free: DraftState | None = None
@@ -60,6 +69,8 @@ class HybridState(DraftState):
     model_lengths: DraftLengthSchedule | None = None
     model_step: tuple | None = None
     model_floor: PlainFloor | None = None
+    verify_cost: CostFit = field(default_factory=lambda: CostFit(VERIFY_RELATIVE_SLOPE, VERIFY_MEMORY))
+    step_slots: int = 0
 
     def model_draft_length(self) -> int:
         """The model drafter's draft length for the next step: its schedule's, at least 1 (whether a row drafts at
@@ -74,8 +85,9 @@ class HybridState(DraftState):
         started = self.end_step(now)
         if started is None:  # no step proposed since the last one (the loop's floor ran a plain step)
             return
-        lengths, draft_seconds, drafted_at = self.model_step or ({}, 0.0, started)
+        lengths, draft_seconds, drafted_at = self.model_step
         self.model_step = None
+        self.verify_cost.add(self.step_slots, now - drafted_at)
         outcomes = [RowOutcome(row, *lengths[row], list(range(accepted)), accepted + 1, False) if row in lengths
                     else RowOutcome(row, 0, 0, 0, [], 1, False) for row, accepted in num_accepted.items()]
         model_rows = [outcome for outcome in outcomes if outcome.draft_length]
@@ -116,6 +128,38 @@ class HybridState(DraftState):
         each step committing its accepted tokens and one more."""
         expected = score * self.free_accepted_per_score()
         return 1.0 + expected >= (1.0 + self.expected_model_accepted(budget)) * self.cost_ratio()
+
+    def common_width(self, free_probs: Sequence[Sequence[float]], model_widths: Sequence[int], num_rows: int,
+                     draft_seconds: float) -> int:
+        """The most draft tokens per row this step verifies: the step's one forward scores `num_rows * (width + 1)`
+        query slots, so a long model-free draft in one row widens every row's query. The width in `max(1,
+        model_widths)..` the longest model-free draft of the most expected tokens per second for the step,
+
+            (num_rows + m * len(model_widths) + a * sum of each model-free draft's first `width` probs)
+                / (draft_seconds + verify_cost(num_rows * (width + 1))),
+
+        with `m` and `a` as in `takes_model_free` and `draft_seconds` the drafting already done (the smaller width
+        on a tie; the longest draft before a step was measured). Model drafts keep their length: the model's
+        schedule chose it.
+
+        Args:
+            free_probs (`Sequence[Sequence[float]]`): per model-free draft, its tokens' estimated probabilities,
+                best first (`SuffixDraft.probs`).
+            model_widths (`Sequence[int]`): the draft tokens of each model draft.
+            num_rows (`int`): the rows of the step.
+            draft_seconds (`float`): the step's seconds of drafting so far.
+        """
+        widest, least = max(map(len, free_probs), default=0), max([1, *model_widths])
+        if widest <= least or not self.verify_cost.fitted:
+            return widest
+        per_score = self.free_accepted_per_score()
+        fixed = num_rows + len(model_widths) * self.expected_model_accepted(self.model_draft_length())
+
+        def rate(width: int) -> float:
+            tokens = fixed + per_score * sum(sum(probs[:width]) for probs in free_probs)
+            return tokens / (draft_seconds + self.verify_cost(num_rows * (width + 1)))
+
+        return max(range(least, widest + 1), key=rate)
 
     def free_beats_plain(self, score: float) -> bool:
         """Whether a model-free draft of `score` is expected to give more tokens per second than a step without a
@@ -163,6 +207,13 @@ class HybridDrafter(Drafter):
     at its next call, as after any step). If the model drafter asks to resume the target's forward from its exit
     layer (layer skip), every row takes its draft that step. The target's features, when the model drafter reads
     them, reach it after every step, whichever source drafted.
+
+    The step's one forward scores every row's query padded to the longest draft, so a long model-free draft in one
+    row widens all of them. The model-free drafts taken are therefore cut to one common width, the one of the most
+    expected tokens per second for the whole step (`HybridState.common_width`: each draft's tokens' estimated
+    probabilities times `a`, against a line fitted to this call's steps' seconds by query slots); the model's drafts
+    keep the length its schedule chose. Under sampling, where `a` is low, a long copied draft's unlikely tail is
+    not verified.
 
     Beneath that choice a floor of its own (`hf_speculators.floor.PlainFloor`, with the steps the model did not draft
     for as its plain steps) holds a row back from the model drafter while the row's model-drafted steps commit fewer
@@ -246,16 +297,18 @@ class HybridDrafter(Drafter):
         sources = [SOURCES[0] if free or (ask and not grant and has and state.free_beats_plain(draft.score))
                    else SOURCES[1] if grant else None
                    for free, ask, grant, has, draft in zip(use_free, asked, granted, has_free, scored)]
-        model_drafts, resume = [None] * len(rows), None
+        model_drafts, resume, lengths = [None] * len(rows), None, {}
         if SOURCES[1] in sources:
             budgets = [grant if source == SOURCES[1] else 0 for source, grant in zip(sources, granted)]
             model = Proposal.of(self.model_drafter.propose(state.model, input_ids, budgets, rows))
             model_drafts, resume = model.drafts, model.resume
             if resume is not None:  # the target resumes from the model's draft forward: its drafts only
                 sources = [SOURCES[1]] * len(rows)
-            drafted_at = clock(input_ids[0].device)
-            state.model_step = ({row: (budget, draft.num_nodes, draft.tree.depth) for row, budget, draft, source in zip(
-                rows, budgets, model_drafts, sources) if source == SOURCES[1]}, drafted_at - now, drafted_at)
+            lengths = {row: (budget, draft.num_nodes, draft.tree.depth) for row, budget, draft, source in zip(
+                rows, budgets, model_drafts, sources) if source == SOURCES[1]}
+        drafted_at = clock(input_ids[0].device)
+        state.model_step = (lengths, drafted_at - now, drafted_at)
+        scored = self._trim(state, scored, sources, [nodes for _, nodes, _ in lengths.values()], drafted_at - now)
         state.time_step(SOURCES[1] if SOURCES[1] in sources else SOURCES[0] if SOURCES[0] in sources else None, now)
         state.free_scores += sum(draft.score for draft, source in zip(scored, sources) if source == SOURCES[0])
         drafts = []
@@ -267,7 +320,15 @@ class HybridDrafter(Drafter):
                 state.figures[source][1] += draft.num_nodes
                 state.last[row] = source
             drafts.append(draft)
+        state.step_slots = len(rows) * (1 + max(draft.num_nodes for draft in drafts))
         return Proposal(drafts, resume)
+
+    @staticmethod
+    def _trim(state: HybridState, scored: list, sources: list, model_widths: list[int], draft_seconds: float) -> list:
+        """The rows' model-free drafts, those taken cut to the step's `HybridState.common_width`."""
+        free = [draft.probs for draft, source in zip(scored, sources) if source == SOURCES[0]]
+        width = state.common_width(free, model_widths, len(sources), draft_seconds)
+        return [draft.truncated(width) if source == SOURCES[0] else draft for draft, source in zip(scored, sources)]
 
     def observe(self, state: HybridState, feedback: StepFeedback) -> None:
         """Ends the step's timing, credits each row's draft source with its accepted tokens, hands the step to the

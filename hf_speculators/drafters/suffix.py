@@ -112,21 +112,32 @@ def _local_occurrences(index: NgramIndex, ngram: tuple[int, ...]) -> list[Occurr
 @dataclass(frozen=True)
 class SuffixDraft:
     """A suffix-decoding draft before it becomes a `Draft`: tokens, parent indices (-1: the last committed token),
-    `score` (the sum of the tokens' frequency-estimated probabilities: the expected number of accepted tokens under
-    that estimate) and `match_length` (tokens of the context matched)."""
+    best first, each token's frequency-estimated probability `probs` (its path's, so a chain's never rise) and
+    `match_length` (tokens of the context matched)."""
 
     token_ids: list[int]
     parent_ids: list[int]
-    score: float = 0.0
+    probs: tuple[float, ...] = ()
     match_length: int = 0
+
+    @property
+    def score(self) -> float:
+        """The sum of `probs`: the expected number of accepted tokens under the frequency estimate."""
+        return sum(self.probs)
+
+    def truncated(self, num_tokens: int) -> "SuffixDraft":
+        """The draft's first `num_tokens` tokens: best first, so every kept token's parent is kept."""
+        return SuffixDraft(self.token_ids[:num_tokens], self.parent_ids[:num_tokens], self.probs[:num_tokens],
+                           self.match_length)
 
 
 def _expand(occurrences: list[Occurrence], budget: int, min_token_prob: float, tree: bool,
-            eos_token_ids: set[int]) -> tuple[list[int], list[int], float]:
+            eos_token_ids: set[int]) -> tuple[list[int], list[int], tuple[float, ...]]:
     """The best `budget` continuation tokens of `occurrences`, best first (a token's probability: the share of the
     occurrences at its parent that continue with it, times its parent's probability); a chain of the most frequent
-    continuation unless `tree`. Stops at tokens below `min_token_prob` and after an EOS token."""
-    tokens, parents, score = [], [], 0.0
+    continuation unless `tree`. Stops at tokens below `min_token_prob` and after an EOS token. Returns the tokens,
+    their parents' indices and their probabilities."""
+    tokens, parents, probs = [], [], []
     heap, order = [], itertools.count()
 
     def push(node: int, at: list[Occurrence], prob: float) -> None:
@@ -146,10 +157,10 @@ def _expand(occurrences: list[Occurrence], budget: int, min_token_prob: float, t
         negative_prob, _, parent, token, group = heapq.heappop(heap)
         tokens.append(token)
         parents.append(parent)
-        score -= negative_prob
+        probs.append(-negative_prob)
         if token not in eos_token_ids:
             push(len(tokens) - 1, group, -negative_prob)
-    return tokens, parents, score
+    return tokens, parents, tuple(probs)
 
 
 def speculate(occurrences_of, context: list[int], max_tokens: int, max_tree_depth: int, max_spec_factor: float,
@@ -190,9 +201,9 @@ def speculate(occurrences_of, context: list[int], max_tokens: int, max_tree_dept
         shortest = longest + 1
         if budget(match_length) < 1:
             continue
-        tokens, parents, score = _expand(chosen, budget(match_length), min_token_prob, tree, eos_token_ids)
-        if tokens and score >= best.score:
-            best = SuffixDraft(tokens, parents, score, match_length)
+        draft = SuffixDraft(*_expand(chosen, budget(match_length), min_token_prob, tree, eos_token_ids), match_length)
+        if draft.token_ids and draft.score >= best.score:
+            best = draft
     return best
 
 
