@@ -7,7 +7,8 @@ change from call to call. The warm-up runs the first batch of each shape the run
 `hf_speculators.static_cache.length_bucket`, and a number of rows: each is a new shape, as the bench warms up every
 batch's shape) twice: the second time a hybrid's suffix decoding drafts from the first call's output, so its longer
 verify width compiles as well. After the warm-up no new graph should appear. Prints the graph count after the
-warm-up and after every call.
+warm-up and after every call, and the graphs of each draft frame against dynamo's limit per frame (past it, dynamo
+runs the frame eagerly).
 
     python examples/count_recompilations.py [--limit 30] [--max-new-tokens 64] [--preset demo-hybrid] \\
         [--schedule goodput] [--batch-size 1]
@@ -16,10 +17,12 @@ warm-up and after every call.
 import argparse
 
 import torch
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
 import hf_speculators as hs
+from hf_speculators import compiled
 from hf_speculators.loading import DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.prompts import encode_truncated, load_prompts
 from hf_speculators.static_cache import length_bucket
@@ -60,6 +63,10 @@ def main():
     print(f"{args.preset}, {args.schedule} schedule, {len(graphs)} calls of batch {args.batch_size}, "
           f"{args.max_new_tokens} new tokens; (cache length bucket, rows) {sorted(first_of_shape)}, warmed up on two "
           f"calls each: {warm} graphs; after each call {graphs}; new graphs after the warm-up: {graphs[-1] - warm}")
+    frames = {name: len(_debug_get_cache_entry_list(getattr(compiled, name).__code__)) for name in (
+        "run_draft_model", "run_draft_model_step", "run_draft_head", "run_draft_head_step")}
+    print(f"graphs per draft frame (dynamo's limit: {torch._dynamo.config.recompile_limit} each): "
+          + ", ".join(f"{name} {count}" for name, count in frames.items() if count))
 
 
 def check(model, tokenizer, config, compile_config, batch, args) -> None:

@@ -61,16 +61,27 @@ def compilable(model) -> bool:
 
 
 def run_draft_model(model, **kwargs):
-    """`model(**kwargs)`: the frame a draft model's forwards compile as (`DraftModelDrafter`), a code object of its
-    own. Compiling `model.__call__` instead would share dynamo's cache of that code object, and its limit of
+    """`model(**kwargs)`: the frame a draft model's catch-up forwards compile as (`DraftModelDrafter`), a code object
+    of its own. Compiling `model.__call__` instead would share dynamo's cache of that code object, and its limit of
     `torch._dynamo.config.recompile_limit` (8) graphs, with the target's graphs and transformers' plain decoding's:
-    past it dynamo runs the frame eagerly."""
+    past it dynamo runs the frame eagerly. The chain steps compile as `run_draft_model_step`, so that each shape
+    (cache bucket, rows) costs each frame one graph, not two."""
+    return model(**kwargs)
+
+
+def run_draft_model_step(model, **kwargs):
+    """`model(**kwargs)`: the frame a draft model's chain steps (one token per row) compile as (`run_draft_model`)."""
     return model(**kwargs)
 
 
 def run_draft_head(head, *args):
-    """`head(*args)`: the frame an EAGLE head's forwards compile as (`EagleDrafter`), a code object of its own for
-    the reason `run_draft_model` gives (its graphs then count against no other module's limit)."""
+    """`head(*args)`: the frame an EAGLE head's catch-up forwards compile as (`EagleDrafter`), a code object of its
+    own for the reasons `run_draft_model` gives."""
+    return head(*args)
+
+
+def run_draft_head_step(head, *args):
+    """`head(*args)`: the frame an EAGLE head's chain steps (one node per row) compile as (`run_draft_head`)."""
     return head(*args)
 
 
@@ -78,22 +89,24 @@ class DraftCompiler:
     """The compiled forward of one drafter's draft module and the static draft cache it runs over, when a call
     compiles (the target's switch, `compiles`).
 
-    `function` (`run_draft_model` or `run_draft_head`) is compiled once per `compile_config` and kept: a drafter
-    that serves many calls compiles its graphs in the first and reuses them.
+    `functions` (`run_draft_model` and `run_draft_model_step`, or the head's pair) are compiled once per
+    `compile_config` and kept: a drafter that serves many calls compiles its graphs in the first and reuses them.
 
     Args:
-        function (`Callable`): `function(module, ...)` runs the draft module; its code object is dynamo's cache key.
+        *functions (`Callable`): each `function(module, ...)` runs the draft module; their code objects are
+            dynamo's cache keys, one frame each.
     """
 
-    def __init__(self, function: Callable):
-        self.function = function
-        self._kept = None  # (compile_config, compiled function)
+    def __init__(self, *functions: Callable):
+        self.functions = functions
+        self._kept = None  # (compile_config, compiled functions)
 
     def static_cache(self, state, draft_config, num_draft_tokens: int, module) -> tuple | None:
-        """`(cache, call)` for a call whose target steps compile: an empty `StaticCache` for `module` (of
-        `draft_config`, one length bucket of `static_cache.draft_static_cache`) and `call(*args, **kwargs)`, the
-        compiled `function(module, *args, **kwargs)`; `None` when the call runs eagerly (no static target cache,
-        no compile switch, a module transformers would not compile, or a draft cache with sliding windows).
+        """`(cache, *calls)` for a call whose target steps compile: an empty `StaticCache` for `module` (of
+        `draft_config`, one length bucket of `static_cache.draft_static_cache`) and per function a `call(*args,
+        **kwargs)`, the compiled `function(module, *args, **kwargs)`; `None` when the call runs eagerly (no static
+        target cache, no compile switch, a module transformers would not compile, or a draft cache with sliding
+        windows).
 
         Args:
             state (`DraftState`): the call (its target, target cache and generation config).
@@ -108,8 +121,9 @@ class DraftCompiler:
         if cache is None:
             return None
         if self._kept is None or self._kept[0] != config.compile_config:  # kept: a new one would recompile
-            self._kept = (config.compile_config, torch.compile(self.function, **config.compile_config.to_dict()))
-        return cache, functools.partial(self._kept[1], module)
+            options = config.compile_config.to_dict()
+            self._kept = (config.compile_config, [torch.compile(function, **options) for function in self.functions])
+        return cache, *(functools.partial(compiled, module) for compiled in self._kept[1])
 
 
 def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:

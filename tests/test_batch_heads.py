@@ -107,9 +107,9 @@ def test_compiled_eagle3_rows_match_the_eager_batch(heads, monkeypatch):
     compiled_rows = []  # the rows of each compiled head forward
     head_forward = hs.EagleDrafter._run
 
-    def run(self, state, token_ids, *args, compiled=False):
-        compiled_rows.append(len(token_ids)) if compiled else None
-        return head_forward(self, state, token_ids, *args, compiled=compiled)
+    def run(self, state, token_ids, *args, call=None):
+        compiled_rows.append(len(token_ids)) if call is not None else None
+        return head_forward(self, state, token_ids, *args, call=call)
 
     monkeypatch.setattr(hs.EagleDrafter, "_run", run)
     target, make = heads["llama", "eagle3"]

@@ -5,11 +5,12 @@ without code generation), so it costs seconds; one test runs inductor for exactn
 """
 
 import torch
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 import hf_speculators as hs
-from hf_speculators.compiled import compiled_steps, compiles
+from hf_speculators.compiled import compiled_steps, compiles, run_draft_model, run_draft_model_step
 from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.draft_model import DraftModelDrafter
 from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
@@ -27,6 +28,11 @@ def compile_config(backend: str) -> CompileConfig:
 
 def unique_graphs() -> int:
     return counters["stats"]["unique_graphs"]
+
+
+def frame_graphs(*functions) -> list[int]:
+    """Per function, the graphs dynamo keeps for its code object: its limit (`recompile_limit`) counts per frame."""
+    return [len(_debug_get_cache_entry_list(function.__code__)) for function in functions]
 
 
 def fresh_dynamo() -> None:
@@ -75,9 +81,9 @@ def test_no_recompilation_after_warm_up():
         graphs.append(unique_graphs())
     assert len(lengths) > 2  # drafts of several lengths ran
     # compiled in the first call: the target's verify forward of k + 1 slots, the draft model's one-token forwards
-    # and its catch-up of k + 1 slots (`compiled.run_draft_model`); eager drafting would count 1, a new width or
-    # batch size one more
+    # and its catch-up of k + 1 slots; eager drafting would count 1, a new width or batch size one more
     assert graphs == [3] * len(prompts)
+    assert frame_graphs(run_draft_model, run_draft_model_step) == [1, 1]  # a frame each
 
 
 def test_hybrid_catch_up_is_exact(monkeypatch):

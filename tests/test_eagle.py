@@ -22,12 +22,13 @@ from transformers import GenerationConfig, LogitsProcessorList, MaxLengthCriteri
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper
 
 import hf_speculators as hs
+from hf_speculators.compiled import run_draft_head, run_draft_head_step
 from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.eagle import EagleDrafter
 from hf_speculators.heads.eagle_formats import EAGLE_FORMATS, detect_eagle_format, load_eagle_head, save_eagle3_head
 from hf_speculators.loading import DEMO_DIR, DEMO_TARGET, load_model, load_tokenizer
 from hf_speculators.config.speculators_format import speculators_settings
-from test_compiled import compile_config, fresh_dynamo, unique_graphs
+from test_compiled import compile_config, frame_graphs, fresh_dynamo, unique_graphs
 from test_lossless import chi_square, chi_square_critical
 
 ARCHS = ("llama", "qwen2", "qwen3")
@@ -393,6 +394,7 @@ def test_compiled_steps_keep_eagle3_exact(targets, fitted):
     assert_same_tokens(out.sequences, plain_generate(targets["llama"], prompt_ids("repetitive")))
     assert isinstance(output_cache(out), StaticCache)
     assert unique_graphs() == 3  # eager heads: 1
+    assert frame_graphs(run_draft_head, run_draft_head_step) == [1, 1]  # a frame each
     check_first_drafts(drafter, fitted, "speculators-eagle3", targets["llama"], out.sequences)
     stats, reference = out.speculative_stats, dynamic.speculative_stats
     assert 0 < stats.num_accepted_tokens == reference.num_accepted_tokens

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import RaggedCache, check_batch_support, prepare_cache
-from ..compiled import DraftCompiler, run_draft_model
+from ..compiled import DraftCompiler, run_draft_model, run_draft_model_step
 from ..draft import Draft
 from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
@@ -91,9 +91,11 @@ class DraftModelState(DraftState):
             `None` when the draft shares the target's vocabulary.
         draft_per_target (`float`): draft tokens per target token of the same text (a bridge's; measured on the
             first committed tokens), which sets how many draft tokens make a greedy draft of a given length.
-        compiled_call (`Callable`, *optional*): when the call compiles, the draft model's compiled forward
-            (`compiled.run_draft_model`), which runs every draft forward after the prefill over a static draft cache;
+        compiled_call (`Callable`, *optional*): when the call compiles, the draft model's compiled catch-up forward
+            (`compiled.run_draft_model`; the draft forwards after the prefill run over a static draft cache);
             `None`: eager forwards.
+        compiled_step (`Callable`, *optional*): with `compiled_call`, the compiled forward of a chain step, one token
+            per row (`compiled.run_draft_model_step`: a frame of its own).
         catch_up_width (`int`): with `compiled_call`, the query width of the compiled catch-up forward over each
             row's newly committed tokens (`num_draft_tokens + 1`, the most a step commits).
     """
@@ -105,6 +107,7 @@ class DraftModelState(DraftState):
     bridge: TokenizerBridge | None = None
     draft_per_target: float = 0.0
     compiled_call: Callable | None = None
+    compiled_step: Callable | None = None
     catch_up_width: int = 0
 
     @property
@@ -179,7 +182,7 @@ class DraftModelDrafter(Drafter):
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
         self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
-        self._compiler = DraftCompiler(run_draft_model)  # one compiled function per compile_config, kept
+        self._compiler = DraftCompiler(run_draft_model, run_draft_model_step)  # compiled per compile_config, kept
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -247,12 +250,13 @@ class DraftModelDrafter(Drafter):
     def _compiled_cache(self, state: DraftModelState):
         """When the call compiles (the target's static cache and `compile_config`: `compiled.compiles`, the target's
         own switch) and the draft shares the target's vocabulary, an empty static draft cache of a length bucket
-        (`compiled.DraftCompiler`), with `state.compiled_call` set; else `None` (eager drafting on a dynamic cache)."""
+        (`compiled.DraftCompiler`), with `state.compiled_call` and `state.compiled_step` set; else `None` (eager
+        drafting on a dynamic cache)."""
         compiled = state.bridge is None and self._compiler.static_cache(
             state, self.draft_model.config, self.num_draft_tokens, self.draft_model)
         if not compiled:
             return None
-        cache, state.compiled_call = compiled
+        cache, state.compiled_call, state.compiled_step = compiled
         state.catch_up_width = self.num_draft_tokens + 1
         return cache
 
@@ -348,7 +352,7 @@ class DraftModelDrafter(Drafter):
             feeding = [step + 1 < budget for budget in budgets]
             if any(feeding):
                 query = Query.chain(torch.stack(last), torch.tensor(feeding)[:, None])
-                logits = self._logits(state, query, 1, input_ids[0].device, state.compiled_call)[:, -1]
+                logits = self._logits(state, query, 1, input_ids[0].device, state.compiled_step)[:, -1]
         # 3. remember what each row of the cache holds: its committed tokens and the draft tokens fed
         state.cached_ids = [torch.cat([ids, *row_fed])[:length]
                             for ids, row_fed, length in zip(committed, fed, state.draft_cache.lengths.tolist())]

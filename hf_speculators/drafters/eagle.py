@@ -8,7 +8,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from ..cache import RaggedCache, rollback
-from ..compiled import DraftCompiler, run_draft_head
+from ..compiled import DraftCompiler, run_draft_head, run_draft_head_step
 from ..draft import Draft
 from ..heads.eagle import check_head_fits
 from ..heads.eagle_formats import load_eagle_head
@@ -25,7 +25,8 @@ from .spec import MethodSpec, Setting, Variant, VllmMapping
 class EagleState(DraftState):
     """An `EagleDrafter`'s call: the head on the target's device and dtype, the head's cache of committed pairs
     (one row per running row of the call), each row's features observed but not fed to the head yet and, when the
-    call compiles, the head's compiled forward (`compiled.DraftCompiler`; the head's cache is then static)."""
+    call compiles, the head's compiled forwards, of the catch-up (`head_call`) and of a chain step (`head_step`), one
+    frame each (`compiled.DraftCompiler`; the head's cache is then static)."""
 
     head: nn.Module = None
     embeddings: nn.Module = None  # the head's own token embeddings, else the target's
@@ -34,6 +35,7 @@ class EagleState(DraftState):
     head_cache: RaggedCache | None = None
     pending: dict = field(default_factory=dict)  # row -> list of features `(n, width)` not fed yet
     head_call: Callable | None = None
+    head_step: Callable | None = None
 
 
 def _causal_mask(num_cached: int, width: int, dtype: torch.dtype) -> torch.FloatTensor:
@@ -122,7 +124,8 @@ class EagleDrafter(HeadDrafter):
     When the call compiles (a static cache and `compile_config`, `compiled.compiles`), chains compile too
     (`compiled.DraftCompiler`): the head's cache is a `StaticCache` of a length bucket, each step's new pairs run in
     one compiled forward of `num_draft_tokens + 1` slots (holes after a row's pairs; pairs before the last
-    `num_draft_tokens + 1` fed eagerly first) and each chain node in one of one slot. Trees run eagerly.
+    `num_draft_tokens + 1` fed eagerly first) and each chain node in one of one slot, the two kinds of forward in
+    frames of their own (dynamo's graph limit counts per frame). Trees run eagerly.
 
     A reduced draft vocabulary maps back with `target_id = draft_id + d2t[draft_id]`; the draft's scores are
     laid out in the target's vocabulary with the lowest score elsewhere, then go through the call's logits
@@ -162,7 +165,7 @@ class EagleDrafter(HeadDrafter):
                  tree: "StaticTree | DynamicTree | Sequence | Mapping | None" = None):
         self.tree = None if tree is None else tree_shape(tree)
         super().__init__(head, num_draft_tokens if self.tree is None else self.tree.depth)
-        self._compiler = DraftCompiler(run_draft_head)  # chains of a compiled call; kept per compile_config
+        self._compiler = DraftCompiler(run_draft_head, run_draft_head_step)  # chains of a compiled call; kept
 
     @property
     def head(self) -> nn.Module:
@@ -208,7 +211,7 @@ class EagleDrafter(HeadDrafter):
         d2t = head.d2t
         state.draft_to_target = None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
         compiled = self.tree is None and self._compiler.static_cache(state, head.config, self.num_draft_tokens, head)
-        cache, state.head_call = compiled or (DynamicCache(), None)
+        cache, state.head_call, state.head_step = compiled or (DynamicCache(), None, None)
         state.head_cache = RaggedCache(cache, torch.zeros(state.batch_size, 0, dtype=torch.bool),
                                        fixed_rows=state.head_call is not None)
 
@@ -216,26 +219,26 @@ class EagleDrafter(HeadDrafter):
         """Keeps each row's features of its newly kept tokens until the next `propose` feeds them to the head."""
         keep_features(state.pending, feedback)
 
-    def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask, compiled: bool = False):
-        """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache (`compiled`:
-        the head's compiled forward, `state.head_call`); returns the states to feed back `(batch_size, q, H)` and
-        the logits in the target's vocabulary `(batch_size, q, vocab_size)`. Over a static head cache, the rows
-        that left the call get dummy inputs (`RaggedCache.to_batch`)."""
+    def _run(self, state: EagleState, token_ids, hidden_states, position_ids, mask, call: Callable | None = None):
+        """One head forward over pairs (hidden state, token) `(batch_size, q)` after the head's cache (`call`: a
+        compiled forward, `state.head_call` or `state.head_step`; default: the head, eager); returns the states to
+        feed back `(batch_size, q, H)` and the logits in the target's vocabulary `(batch_size, q, vocab_size)`. Over
+        a static head cache, the rows that left the call get dummy inputs (`RaggedCache.to_batch`)."""
         device, cache = token_ids.device, state.head_cache
         embeds, position_ids = state.embeddings(token_ids), position_ids.to(device)
         mask = None if mask is None else mask.to(device)
         if cache.static_width is not None:
             embeds, hidden_states, position_ids, mask = (cache.to_batch(tensor, 0)
                                                          for tensor in (embeds, hidden_states, position_ids, mask))
-        feedback, logits = (state.head_call if compiled else state.head)(embeds, hidden_states, position_ids,
-                                                                        cache.cache, mask, state.target_head)
+        feedback, logits = (call or state.head)(embeds, hidden_states, position_ids, cache.cache, mask,
+                                                state.target_head)
         feedback, logits = cache.from_batch(feedback), cache.from_batch(logits)
         if state.draft_to_target is not None:
             logits = widen_logits(logits, state.draft_to_target, self.head.vocab_size)
         return feedback, logits
 
     def _feed_pairs(self, state: EagleState, features: list, token_ids: list, width: int | None = None,
-                    compiled: bool = False) -> tuple[torch.FloatTensor, torch.FloatTensor]:
+                    call: Callable | None = None) -> tuple[torch.FloatTensor, torch.FloatTensor]:
         """Feeds each row's new pairs, features `features[i]` `(n_i, F)` (`None`: none) and tokens `token_ids[i]`
         `(n_i,)`, in one head forward (`width` slots per row, default the most pairs of a row; the rest holes);
         they join the committed pairs of the head's cache. Returns the state to feed back `(batch_size, H)` and the
@@ -256,7 +259,7 @@ class EagleDrafter(HeadDrafter):
             mask = cache.additive_mask(valid, dtype)
         position_ids = cache.lengths[:, None] + torch.arange(width)
         feedback, logits = self._run(state, token_ids, state.head.combine(features.to(dtype)), position_ids, mask,
-                                     compiled=compiled)
+                                     call=call)
         cache.append(valid, gather=False)  # each row's new pairs are the first of its query
         last = torch.tensor(num_new, device=logits.device).clamp_min(1) - 1
         batch = torch.arange(len(num_new), device=logits.device)
@@ -275,7 +278,7 @@ class EagleDrafter(HeadDrafter):
             self._feed_pairs(state, early, early_ids)
         late = [None if row is None else row[-width:] for row in features]
         return self._feed_pairs(state, late, [None if ids is None else ids[-width:] for ids in token_ids], width,
-                                compiled=allocated(state.head_cache.cache))
+                                call=state.head_call if allocated(state.head_cache.cache) else None)
 
     @torch.no_grad()
     def propose(self, state: EagleState, input_ids: Sequence[torch.LongTensor], max_tokens: Sequence[int],
@@ -310,7 +313,7 @@ class EagleDrafter(HeadDrafter):
             nonlocal fed_back
             position_ids, mask = slots.inputs([[row] for row in feeding], step, fed_back.dtype)
             fed_back, step_logits = self._run(state, tokens[:, None], fed_back, position_ids, mask,
-                                              compiled=state.head_call is not None)
+                                              call=state.head_step)
             return step_logits[:, 0]
 
         return self.draft_chains(state, input_ids, logits, budgets, next_logits)
