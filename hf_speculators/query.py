@@ -11,6 +11,15 @@ from .cache import RaggedCache, cache_argument
 from .draft import Draft
 
 
+def padded_width(num_query: int, widths: Sequence[int] | None) -> int:
+    """The query width a step of `num_query` slots per row runs at: with `widths` (increasing: a compiled call's,
+    `compiled.CompiledSteps.widths`), the smallest of them that holds it, past the last a multiple of the last;
+    without, `num_query`."""
+    if not widths:
+        return num_query
+    return next((width for width in widths if width >= num_query), -(-num_query // widths[-1]) * widths[-1])
+
+
 @dataclass
 class Query:
     """The new slots of one forward of every row of a batch, after the rows' cached tokens.
@@ -65,10 +74,7 @@ class Query:
                           + ([draft.extra_token_ids.to(pending.device)] if draft.num_extra else []))
                 for i, draft in enumerate(drafts)]
         lengths = [len(row) for row in rows]
-        num_query, batch_size = max(lengths), len(drafts)
-        if widths:
-            num_query = next((width for width in widths if width >= num_query),
-                             -(-num_query // widths[-1]) * widths[-1])
+        num_query, batch_size = padded_width(max(lengths), widths), len(drafts)
         input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_token_id)
         input_ids = torch.nn.functional.pad(input_ids, (0, num_query - input_ids.shape[1]), value=pad_token_id)
         valid = torch.arange(num_query) < torch.tensor(lengths)[:, None]

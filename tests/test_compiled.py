@@ -88,13 +88,19 @@ def test_no_recompilation_after_warm_up():
 
 def test_hybrid_catch_up_is_exact(monkeypatch):
     """After steps the suffix drafter drafted, the compiled draft model catches up with more than k + 1 tokens (the
-    excess eagerly, then its fixed-width compiled forward): plain greedy output, no graph after the first call."""
+    excess eagerly, then its fixed-width compiled forward): plain greedy output, no graph after the first call. The
+    hybrid prices a draft width at the compiled width that holds it."""
+    from hf_speculators.drafters.hybrid import HybridState
+
     fresh_dynamo()
-    fed = []
+    fed, step_slots = [], set()
     catch_up = DraftModelDrafter._catch_up
     monkeypatch.setattr(DraftModelDrafter, "_catch_up",
                         lambda self, state, new_ids, device: fed.append(max(map(len, new_ids)))
                         or catch_up(self, state, new_ids, device))
+    observe_step = HybridState.observe_step
+    monkeypatch.setattr(HybridState, "observe_step",
+                        lambda self, *args: step_slots.add(self.step_slots) or observe_step(self, *args))
     model = hs.enable(build_target("llama"))
     drafter = hs.HybridDrafter(hs.SuffixDrafter(num_draft_tokens=8),
                                hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=2))
@@ -107,6 +113,7 @@ def test_hybrid_catch_up_is_exact(monkeypatch):
         graphs.append(unique_graphs())
     assert max(fed) > 3  # a catch-up longer than the compiled width ran
     assert graphs[1] == graphs[0]
+    assert step_slots == {3, 9}  # the compiled widths of 2 and 8 draft tokens (a step of 1 draft token: 3 slots)
 
 
 def test_finished_rows_keep_the_batch_size(zoo):

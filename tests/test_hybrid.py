@@ -174,6 +174,12 @@ def test_a_long_model_free_draft_is_cut_to_the_width_of_the_most_tokens_per_seco
     assert state.common_width(probs, [2], 4, 0.0) == 2
     assert state.common_width(probs, [], 4, 0.0) == 1
     assert state.common_width([(0.9, 0.8)], [3], 4, 0.0) == 2  # nothing beyond the model's width to cut
+    # compiled at widths 4 and 9 (3 and 8 draft tokens): a width costs the slots of the compiled one that holds it
+    state.query_widths = (4, 9)
+    assert state.slots(4, 2) == 16 and state.slots(4, 3) == 16 and state.slots(4, 4) == 36
+    state.figures["model_free"], state.free_scores = [0, 0, 0], 0.0
+    assert state.common_width(probs, [2], 4, 0.0) == 3  # 7.4 / 1.32 against 9.4 / 1.72 at 8
+    assert state.common_width(probs, [2], 4, 1.0) == 8  # 7.4 / 2.32 against 9.4 / 2.72
 
 
 @pytest.mark.parametrize("num_correct, short", [(1, True), (4, False)])

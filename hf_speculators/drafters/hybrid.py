@@ -7,9 +7,11 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from ..compiled import compiled_widths
 from ..draft import Draft
 from ..floor import PlainFloor
 from ..metrics import clock
+from ..query import padded_width
 from ..schedules import DraftLengthSchedule, check_schedule, make_schedule
 from ..schedules.goodput import CostFit
 from ..step import Proposal, RowOutcome
@@ -54,9 +56,10 @@ class HybridState(DraftState):
             steps commit fewer tokens per second than the steps without a model draft is held from it (and probed
             now and then), its steps drafted by the model-free drafter where it has a draft and plain otherwise.
         verify_cost (`CostFit`): seconds of a step after its drafting (the target's forward, verification and
-            bookkeeping) against the query slots it scored, `rows * (widest draft + 1)`: every step's, whichever source
-            drafted.
+            bookkeeping) against the query slots it scored (`slots`): every step's, whichever source drafted.
         step_slots (`int`): the query slots of the step in flight.
+        query_widths (`tuple[int, ...]`, *optional*): in a compiled call, the query widths its steps are padded to
+            (`compiled.compiled_widths`); `None`: each step at its widest draft's.
     """
 
     model_free: DraftState | None = None
@@ -71,6 +74,7 @@ class HybridState(DraftState):
     model_floor: PlainFloor | None = None
     verify_cost: CostFit = field(default_factory=lambda: CostFit(VERIFY_RELATIVE_SLOPE, VERIFY_MEMORY))
     step_slots: int = 0
+    query_widths: tuple | None = None
 
     def model_draft_length(self) -> int:
         """The model drafter's draft length for the next step: its schedule's, at least 1 (whether a row drafts at
@@ -132,11 +136,11 @@ class HybridState(DraftState):
     def common_width(self, free_probs: Sequence[Sequence[float]], model_widths: Sequence[int], num_rows: int,
                      draft_seconds: float) -> int:
         """The most draft tokens per row this step verifies: the step's one forward scores `num_rows * (width + 1)`
-        query slots, so a long model-free draft in one row widens every row's query. The width in `max(1,
-        model_widths)..` the longest model-free draft of the most expected tokens per second for the step,
+        query slots (`slots`), so a long model-free draft in one row widens every row's query. The width in
+        `max(1, model_widths)..` the longest model-free draft of the most expected tokens per second for the step,
 
             (num_rows + m * len(model_widths) + a * sum of each model-free draft's first `width` probs)
-                / (draft_seconds + verify_cost(num_rows * (width + 1))),
+                / (draft_seconds + verify_cost(slots(num_rows, width))),
 
         with `m` and `a` as in `takes_model_free` and `draft_seconds` the drafting already done (the smaller width
         on a tie; the longest draft before a step was measured). Model drafts keep their length: the model's
@@ -157,9 +161,14 @@ class HybridState(DraftState):
 
         def rate(width: int) -> float:
             tokens = fixed + per_score * sum(sum(probs[:width]) for probs in free_probs)
-            return tokens / (draft_seconds + self.verify_cost(num_rows * (width + 1)))
+            return tokens / (draft_seconds + self.verify_cost(self.slots(num_rows, width)))
 
         return max(range(least, widest + 1), key=rate)
+
+    def slots(self, num_rows: int, width: int) -> int:
+        """The query slots a step of `num_rows` rows scores when its widest draft holds `width` tokens: `num_rows *
+        (width + 1)`, in a compiled call padded to the next of its `query_widths`."""
+        return num_rows * padded_width(width + 1, self.query_widths)
 
     def free_beats_plain(self, score: float) -> bool:
         """Whether a model-free draft of `score` is expected to give more tokens per second than a step without a
@@ -213,7 +222,8 @@ class HybridDrafter(Drafter):
     expected tokens per second for the whole step (`HybridState.common_width`: each draft's tokens' estimated
     probabilities times `a`, against a line fitted to this call's steps' seconds by query slots); the model's drafts
     keep the length its schedule chose. Under sampling, where `a` is low, a long copied draft's unlikely tail is
-    not verified.
+    not verified; in a compiled call, whose steps run at a few fixed widths, a width costs the slots of the compiled
+    width that holds it.
 
     Beneath that choice a floor of its own (`hf_speculators.floor.PlainFloor`, with the steps the model did not draft
     for as its plain steps) holds a row back from the model drafter while the row's model-drafted steps commit fewer
@@ -278,6 +288,8 @@ class HybridDrafter(Drafter):
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
         state.model_lengths = make_schedule(self.model_schedule, self.model_drafter.num_draft_tokens)
         state.model_floor = PlainFloor()
+        if state.cache is not None:
+            state.query_widths = compiled_widths(state.target, state.cache.cache, state.generation_config, self)
         if self._floor_prior is not None:
             state.model_floor.start_from(self._floor_prior)
 
@@ -320,7 +332,7 @@ class HybridDrafter(Drafter):
                 state.figures[source][1] += draft.num_nodes
                 state.last[row] = source
             drafts.append(draft)
-        state.step_slots = len(rows) * (1 + max(draft.num_nodes for draft in drafts))
+        state.step_slots = state.slots(len(rows), max(draft.num_nodes for draft in drafts))
         return Proposal(drafts, resume)
 
     @staticmethod
