@@ -486,10 +486,14 @@ def test_the_warm_up_leaves_no_cross_call_memory(target, draft, tokenizer):
 
 def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft, tokenizer, monkeypatch):
     """`compile=True`: plain-compiled and every method get the static cache and the compile config (dynamo's
-    "eager" backend here: graphs captured as under inductor, in seconds), plain stays eager, outputs stay exact."""
+    "eager" backend here: graphs captured as under inductor, in seconds), plain stays eager, outputs stay exact;
+    our warm-up calls run inside `Drafter.memory_kept`, the timed ones outside."""
+    from contextlib import contextmanager
+
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
+    from hf_speculators.drafters.base import Drafter
     from hf_speculators.tools.bench import engines
 
     def eager_backend(model):
@@ -499,17 +503,27 @@ def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft,
         return {**kwargs, "compile_config": config}
 
     calls, timed = [], bench_run.timed_generate  # per generate call: (one of ours, with a static cache)
+    kept, inside = [], [False]  # per call of ours: inside `memory_kept`
 
     def recorded(target, batch, kwargs, settings):
         calls.append(("candidate_generator" in kwargs, kwargs.get("cache_implementation") == "static"))
+        kept.extend(inside if calls[-1][0] else [])
         return timed(target, batch, kwargs, settings)
 
+    @contextmanager
+    def memory_kept(self):
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    monkeypatch.setattr(Drafter, "memory_kept", memory_kept)
     monkeypatch.setattr(bench_run, "compiled_kwargs", eager_backend)
     monkeypatch.setattr(bench_run, "timed_generate", recorded)
     torch._dynamo.reset()
     result = bench(target, draft, tokenizer, verbose=False, methods=["draft-model", "hf-assisted"], compile=True,
                    compare_eager=True)
     assert {(True, True), (True, False)} <= set(calls)  # draft-model compiled and draft-model[eager]
+    assert kept.count(True) == kept.count(False) > 0  # a warm-up call before each timed one
     assert result.ok and all(r["identical_to_plain"] for r in result.records)
     baselines = ["hf-assisted"] if bench_run.STATIC_ASSISTED else []  # 5.23: skipped, with its reason
     assert list(result.summary["all"]) == ["plain", "plain-compiled", *baselines, "draft-model", "draft-model[eager]"]

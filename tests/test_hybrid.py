@@ -225,7 +225,8 @@ def test_the_model_drafter_is_held_back_where_its_steps_lose_to_plain_ones(zoo, 
     """A model drafter right for 3 tokens of 4 whose call costs 60 ms against a target forward of 10 ms plus 1 ms per
     token: its steps commit fewer tokens per second than plain ones, so after its first drafts the hybrid's model
     floor holds it back (the loop's own floor off), with a probe now and then, and the next call starts from what
-    the first measured: held from its first step; at 2 ms a call it is never held."""
+    the first measured: held from its first step; at 2 ms a call it is never held. A call inside `memory_kept` (the
+    bench's warm-up) leaves the next call's start as it was."""
     from hf_speculators.drafters import hybrid
     from test_schedules import simulated_clock
 
@@ -241,6 +242,11 @@ def test_the_model_drafter_is_held_back_where_its_steps_lose_to_plain_ones(zoo, 
                                        return_dict_in_generate=True)
             assert torch.equal(out.sequences, reference)
             calls.append((out.speculative_stats.num_steps, out.speculative_stats.drafter_stats["model"]))
+        prior = drafter._floor_prior
+        with drafter.memory_kept():
+            speculative_generate(model, prompt_ids("random"), drafter, max_new_tokens=64, plain_floor=False)
+            assert drafter._floor_prior is not prior  # the call measured
+        assert drafter._floor_prior is prior
     (num_steps, first), (_, second) = calls
     if held:
         assert first["held_steps"] >= num_steps // 2 and first["steps"] <= num_steps // 3, first

@@ -112,11 +112,16 @@ def test_memory_is_bounded_and_evicts_the_oldest_call():
 
 
 def test_memory_keeps_the_prompt_tail_and_the_output_and_can_be_cleared_saved_and_loaded(zoo, tmp_path):
+    """... and a call inside `memory_kept` (the bench's warm-up) leaves it as it was."""
     model = zoo.target("llama")
     drafter = hs.SuffixDrafter(max_tree_depth=4)
     speculative_generate(model, prompt_ids("random"), drafter)
     reference = zoo.reference("llama", "random")[0].tolist()
     assert drafter.cache.sequences == [reference[len(PROMPTS["random"]) - 3 :]]  # 3 prompt tokens, then the output
+    with drafter.memory_kept():
+        speculative_generate(model, prompt_ids("repetitive"), drafter)
+        assert len(drafter.cache) == 2
+    assert drafter.cache.sequences == [reference[len(PROMPTS["random"]) - 3 :]]
     path = drafter.save_cache(tmp_path / "memory")
     other = hs.SuffixDrafter(max_cached_requests=5)
     other.load_cache(path.parent)

@@ -1,6 +1,7 @@
 """The drafter interface: settings and weights on the drafter, per-call state in a `DraftState` the loop owns."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -216,6 +217,12 @@ class Drafter(CandidateGenerator):
 
     def clear_cache(self) -> None:
         """Forgets what earlier calls left in a cross-call memory (`SuffixDrafter`'s); the default keeps none."""
+
+    @contextmanager
+    def memory_kept(self) -> Iterator[None]:
+        """A block whose calls leave the cross-call memory as it was (what `clear_cache` forgets is put back when
+        the block ends): the bench's warm-up calls on random tokens. The default keeps no memory."""
+        yield
 
     def new_state(self, target, generation_config: GenerationConfig, **kwargs) -> DraftState:
         """A started `DraftState` for one call (`kwargs`: the other `DraftState` fields)."""

@@ -2,7 +2,8 @@
 give more tokens per second than the model's drafts do, else the model's (Arctic Inference's suffix + speculator,
 with the comparison made in tokens per second of each source's measured steps)."""
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -368,6 +369,16 @@ class HybridDrafter(Drafter):
         """Forgets what earlier calls left: the model-free drafter's cross-call memory and the model floor's prior."""
         self.model_free.clear_cache()
         self._floor_prior = None
+
+    @contextmanager
+    def memory_kept(self) -> Iterator[None]:
+        """Puts the model-free drafter's memory and the model floor's prior back as they were when the block ends."""
+        prior = self._floor_prior
+        try:
+            with self.model_free.memory_kept():
+                yield
+        finally:
+            self._floor_prior = prior
 
     def __repr__(self) -> str:
         return f"HybridDrafter({self.model_free!r}, {self.model_drafter!r})"

@@ -7,7 +7,8 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,13 @@ class SuffixCache:
                     self._followers.setdefault(ngram, {}).setdefault(seq_id, []).append(position)
             while len(self._sequences) > self.max_cached_requests:
                 self._evict_oldest()
+
+    def replace(self, sequences: Sequence[list[int]]) -> None:
+        """Replaces the stored sequences with `sequences`, oldest first (the newest kept past
+        `max_cached_requests`)."""
+        self.clear()
+        for sequence in sequences:
+            self.add(sequence)
 
     def _evict_oldest(self) -> None:
         seq_id, tokens = self._sequences.popitem(last=False)
@@ -335,9 +343,16 @@ class SuffixDrafter(Drafter):
                 raise TypeError
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(f"{path} is not a suffix cache written by SuffixDrafter.save_cache.") from None
-        self.cache.clear()
-        for sequence in sequences:
-            self.cache.add(sequence)
+        self.cache.replace(sequences)
+
+    @contextmanager
+    def memory_kept(self) -> Iterator[None]:
+        """Puts the cross-call memory back as it was on entry when the block ends."""
+        kept = self.cache.sequences
+        try:
+            yield
+        finally:
+            self.cache.replace(kept)
 
     def __repr__(self) -> str:
         return (
