@@ -126,17 +126,12 @@ class DraftCompiler:
         return cache, *(functools.partial(compiled, module) for compiled in self._kept[1])
 
 
-def compiled_widths(model, cache, generation_config, drafter) -> tuple[int, ...] | None:
-    """The query widths a call's compiled steps run at (`CompiledSteps.widths`: each of `drafter.draft_lengths`
-    plus the pending token), or `None` when the call runs eagerly (`compiles` or `compilable` says no)."""
-    if not compiles(model, cache, generation_config) or not compilable(model):
-        return None
-    return tuple(n + 1 for n in drafter.draft_lengths)
-
-
 def compiled_steps(model, cache, generation_config, drafter) -> CompiledSteps | None:
     """The compiled step forward of a call whose drafts hold at most `drafter.num_draft_tokens` tokens, or `None`
-    when the call runs eagerly (`compiled_widths`). A drafter that reads the target's hidden states (EAGLE, Medusa)
-    gets them from the compiled forward's `output_hidden_states` (`target.TargetForward`)."""
-    widths = compiled_widths(model, cache, generation_config, drafter)
-    return None if widths is None else CompiledSteps(model.get_compiled_call(generation_config.compile_config), widths)
+    when the call runs eagerly (`compiles` or `compilable` says no). A drafter that reads the target's hidden states
+    (EAGLE, Medusa) gets them from the compiled forward's `output_hidden_states` (`target.TargetForward`); every
+    drafter sees the widths (`DraftState.query_widths`)."""
+    if not compiles(model, cache, generation_config) or not compilable(model):
+        return None
+    return CompiledSteps(model.get_compiled_call(generation_config.compile_config),
+                         tuple(n + 1 for n in drafter.draft_lengths))

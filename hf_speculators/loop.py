@@ -83,7 +83,8 @@ class SpeculativeLoop:
         self.running = list(range(batch_size))  # the rows that have not finished (the cache's rows)
         self.state = self.drafter.new_state(
             self.model, self.generation_config, logits_processor=self.processors[0], generator=self.generator,
-            tokenizer=self.tokenizer, cache=self.cache, batch_size=batch_size)
+            tokenizer=self.tokenizer, cache=self.cache, batch_size=batch_size,
+            query_widths=None if self.compiled is None else self.compiled.widths)
         self.target = TargetForward(self.model, self.drafter.target_needs(self.model),
                                     step_call=None if self.compiled is None else self.compiled.forward)
         self.observes = type(self.drafter).observe is not Drafter.observe  # whether feedback reaches anything

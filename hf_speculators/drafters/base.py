@@ -76,6 +76,8 @@ class DraftState:
         cache (`RaggedCache`, *optional*): the target's cache of this call, for drafters that write into it (layer
             skip); `None` outside the speculative loop (transformers' `get_candidates`).
         batch_size (`int`): rows in the call.
+        query_widths (`tuple[int, ...]`, *optional*): in a compiled call, the query widths the loop pads its steps'
+            verify forwards to (`compiled.CompiledSteps.widths`); `None`: each step at its widest draft's.
     """
 
     target: object
@@ -85,6 +87,7 @@ class DraftState:
     tokenizer: object = None
     cache: RaggedCache | None = None
     batch_size: int = 1
+    query_widths: tuple[int, ...] | None = None
 
     @property
     def do_sample(self) -> bool:

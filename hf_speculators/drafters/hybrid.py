@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from ..compiled import compiled_widths
 from ..draft import Draft
 from ..floor import PlainFloor
 from ..metrics import clock
@@ -59,8 +58,6 @@ class HybridState(DraftState):
         verify_cost (`CostFit`): seconds of a step after its drafting (the target's forward, verification and
             bookkeeping) against the query slots it scored (`slots`): every step's, whichever source drafted.
         step_slots (`int`): the query slots of the step in flight.
-        query_widths (`tuple[int, ...]`, *optional*): in a compiled call, the query widths its steps are padded to
-            (`compiled.compiled_widths`); `None`: each step at its widest draft's.
     """
 
     model_free: DraftState | None = None
@@ -75,7 +72,6 @@ class HybridState(DraftState):
     model_floor: PlainFloor | None = None
     verify_cost: CostFit = field(default_factory=lambda: CostFit(VERIFY_RELATIVE_SLOPE, VERIFY_MEMORY))
     step_slots: int = 0
-    query_widths: tuple | None = None
 
     def model_draft_length(self) -> int:
         """The model drafter's draft length for the next step: its schedule's, at least 1 (whether a row drafts at
@@ -289,8 +285,6 @@ class HybridDrafter(Drafter):
         state.model = self.model_drafter.new_state(state.target, state.generation_config, **shared)
         state.model_lengths = make_schedule(self.model_schedule, self.model_drafter.num_draft_tokens)
         state.model_floor = PlainFloor()
-        if state.cache is not None:
-            state.query_widths = compiled_widths(state.target, state.cache.cache, state.generation_config, self)
         if self._floor_prior is not None:
             state.model_floor.start_from(self._floor_prior)
 
