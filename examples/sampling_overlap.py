@@ -12,7 +12,7 @@ draft's (both at that temperature unless said otherwise), prints the mean over p
 - the acceptance of the draft's k most likely tokens as deterministic siblings (EAGLE's and `TreeDrafter`'s): the
   target's mass on them, `sum(p[top_k(q)])`.
 
-    python examples/sampling_overlap.py --prompts 13 --max-new-tokens 64 --temperature 0.7
+    python examples/sampling_overlap.py --prompts 13 --max-new-tokens 64 --temperature 0.7 [--draft FOLDER]
 """
 
 import argparse
@@ -64,11 +64,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=13, help="Spec-Bench prompts, round-robin over the categories")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--draft", default="hf_speculators/demo-draft", help="the draft model (an id or a folder)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     target = load_model(resolve_model_id("hf_speculators/demo-target"))
-    draft = load_model(resolve_model_id("hf_speculators/demo-draft"))
+    draft = load_model(resolve_model_id(args.draft))
     tokenizer = load_tokenizer(resolve_model_id("hf_speculators/demo-target"))
     sums, count = {}, 0
     for question in load_prompts("spec-bench", args.prompts):  # the bench's --limit prompts

@@ -182,6 +182,26 @@ def test_a_long_model_free_draft_is_cut_to_the_width_of_the_most_tokens_per_seco
     assert state.common_width(probs, [2], 4, 1.0) == 8  # 7.4 / 2.32 against 9.4 / 2.72
 
 
+def test_the_model_schedule_prices_every_row_of_the_step():
+    """Four rows, the model drafting 2 tokens in one of them and suffix decoding 2 in another: the step's one forward
+    scored 4 x 3 slots, and that is what the model's goodput schedule fits its verify line to and prices its next
+    draft length for (counting only the model's row, it would see 3 slots and a one-row batch)."""
+    from hf_speculators.drafters.hybrid import HybridState
+    from hf_speculators.floor import PlainFloor
+    from transformers import GenerationConfig
+
+    state = HybridState(None, GenerationConfig())
+    state.model_lengths, state.model_floor = hs.schedules.make_schedule("goodput", 3), PlainFloor()
+    assert state.model_floor.budgets([0, 1, 2, 3], [0, 2, 0, 0]) == [0, 2, 0, 0]
+    state.time_step("model", 0.0)
+    state.model_step, state.step_slots = ({1: (2, 2, 2)}, 0.004, 0.004), 12
+    state.observe_step({0: 0, 1: 1, 2: 2, 3: 0}, 0.030)
+    schedule = state.model_lengths
+    assert schedule.num_rows == 4
+    assert schedule.verify_cost.tokens / schedule.verify_cost.weight == 12
+    assert schedule.reached[:2] == [1.0, 1.0] and schedule.accepted[:2] == [1.0, 0.0]  # the model row's only
+
+
 @pytest.mark.parametrize("num_correct, short", [(1, True), (4, False)])
 def test_the_model_draft_length_follows_the_measured_acceptance(zoo, monkeypatch, num_correct, short):
     """A model drafter right for 1 token of 4, with a target forward of 10 ms plus 1 ms per token: after a few

@@ -80,9 +80,10 @@ class HybridState(DraftState):
         return min(max(1, self.model_lengths.draft_length), self.model_lengths.num_draft_tokens)
 
     def observe_step(self, num_accepted: dict[int, int], now: float) -> None:
-        """Ends the step in flight: its seconds count for its source; its model-drafted rows (with their accepted
-        tokens `num_accepted` by row) and costs go to the model's draft-length schedule; every row's outcome and the
-        step's seconds go to the model floor (a row the model did not draft for ran a step without a model draft)."""
+        """Ends the step in flight: its seconds count for its source; a step the model drafted in goes to the
+        model's draft-length schedule and every step to the model floor, each with every row's outcome (accepted
+        tokens `num_accepted` by row; a row the model did not draft for ran without a model draft, as a row the floor
+        holds: its verify forward's slots and seconds are the step's) and the step's seconds."""
         started = self.end_step(now)
         if started is None:  # no step proposed since the last one (the loop's floor ran a plain step)
             return
@@ -91,9 +92,8 @@ class HybridState(DraftState):
         self.verify_cost.add(self.step_slots, now - drafted_at)
         outcomes = [RowOutcome(row, *lengths[row], list(range(accepted)), accepted + 1, False) if row in lengths
                     else RowOutcome(row, 0, 0, 0, [], 1, False) for row, accepted in num_accepted.items()]
-        model_rows = [outcome for outcome in outcomes if outcome.draft_length]
-        if model_rows:
-            self.model_lengths.update(model_rows, draft_seconds, now - drafted_at)
+        if any(outcome.draft_length for outcome in outcomes):  # every row: one forward scored all their slots
+            self.model_lengths.update(outcomes, draft_seconds, now - drafted_at)
         self.model_floor.update(outcomes, draft_seconds, now - drafted_at)
 
     def expected_model_accepted(self, budget: int) -> float:
