@@ -92,7 +92,7 @@ class HybridState(DraftState):
         self.verify_cost.add(self.step_slots, now - drafted_at)
         outcomes = [RowOutcome(row, *lengths[row], list(range(accepted)), accepted + 1, False) if row in lengths
                     else RowOutcome(row, 0, 0, 0, [], 1, False) for row, accepted in num_accepted.items()]
-        if any(outcome.draft_length for outcome in outcomes):  # every row: one forward scored all their slots
+        if lengths:  # the model drafted: every row goes, one forward scored all their slots
             self.model_lengths.update(outcomes, draft_seconds, now - drafted_at)
         self.model_floor.update(outcomes, draft_seconds, now - drafted_at)
 
