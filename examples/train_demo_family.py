@@ -15,7 +15,8 @@ Stages (all run by default, each reads what the previous one wrote under ``--out
    next-token distribution on the same corpus (DistillSpec, Zhou et al. 2023), so that it agrees with it.
 
 Each model is saved as ``float16`` safetensors (to keep the shipped weights small) with a model card holding
-its held-out loss and the command that retrains it. Training uses bfloat16 autocast on the CPU.
+its held-out loss and the command that retrains it. Training uses bfloat16 autocast on the CPU (``--autocast off``:
+float32, faster on CPUs without native bfloat16 arithmetic).
 
 Usage::
 
@@ -113,9 +114,10 @@ def learning_rate(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: float, label: str,
+def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: float, label: str, autocast: bool,
           warmup: int = 200) -> int:
-    """Runs AdamW with warmup and cosine decay; the step count is fixed after 20 steps from the time budget."""
+    """Runs AdamW with warmup and cosine decay; the step count is fixed after 20 steps from the time budget.
+    Forwards run under bfloat16 autocast when `autocast`, else in float32."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     data = batches(stream, np.random.default_rng(0))
     total, start, step = steps or 10**9, time.time(), 0
@@ -126,7 +128,7 @@ def train(model, loss_fn, stream, minutes: float, steps: int | None, peak_lr: fl
             print(f"[{label}] {total} steps fit in {minutes} minutes", flush=True)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, total, peak_lr, warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = loss_fn(next(data))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -229,12 +231,13 @@ class LayerSkipRecipe:
                 "exit_agreements": [round(x / batches_run, 4) for x in agreements]}
 
 
-def layerskip_continual_pretraining(target, stream, minutes: float, steps: int | None) -> int:
+def layerskip_continual_pretraining(target, stream, minutes: float, steps: int | None, autocast: bool) -> int:
     """Continues training `target` with the LayerSkip recipe (`LayerSkipRecipe`); returns the steps it ran."""
     target.requires_grad_(True)
     recipe = LayerSkipRecipe(target)
     with recipe.hooked():
-        return train(target, recipe.loss, stream, minutes, steps, LAYERSKIP_PEAK_LR, "layerskip", warmup=50)
+        return train(target, recipe.loss, stream, minutes, steps, LAYERSKIP_PEAK_LR, "layerskip", autocast,
+                     warmup=50)
 
 
 def held_out_exits(model, held_out: np.ndarray) -> dict[str, list[float]]:
@@ -261,7 +264,7 @@ def save(model, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def model_card(role: str, model, steps: dict, stats: dict, command: str) -> str:
+def model_card(role: str, model, steps: dict, stats: dict, command: str, autocast: bool) -> str:
     params = sum(p.numel() for p in model.parameters())
     c = model.config
     recipe = {
@@ -296,7 +299,8 @@ It writes Shakespeare-like verse, GSM8K-style arithmetic and Python; it is not a
   {MAX_PYTHON_BYTES // 1_000_000} MB of the Python {'.'.join(map(str, __import__('sys').version_info[:2]))} standard library's source (tests excluded).
   Every {HELD_OUT_EVERY}th document is held out.
 - Recipe: {recipe}. AdamW (betas 0.9/0.95, weight decay 0.1), cosine decay to 10%, batches of
-  {BATCH} x {SEQ_LEN} tokens, bfloat16 autocast on CPU. Weights stored in float16, loaded in float32.
+  {BATCH} x {SEQ_LEN} tokens, {"bfloat16 autocast" if autocast else "float32"} on CPU. Weights stored in float16,
+  loaded in float32.
 - Held-out evaluation (float32, nats per token): target {stats["target_loss"]}{before}, draft
   {stats["draft_loss"]}; the draft's argmax equals the target's on
   {stats["top1_agreement"]:.1%} of held-out positions.
@@ -312,7 +316,7 @@ Retrain with:
 """
 
 
-def distill_draft(target, tokenizer, stream, minutes: float, steps: int | None):
+def distill_draft(target, tokenizer, stream, minutes: float, steps: int | None, autocast: bool):
     """Trains the draft on the forward KL to the target's next-token distribution (DistillSpec); returns it and its steps."""
     draft = build_model(DRAFT_SHAPE, tokenizer)
     target.requires_grad_(False)
@@ -323,7 +327,7 @@ def distill_draft(target, tokenizer, stream, minutes: float, steps: int | None):
         draft_log_probs = F.log_softmax(draft(ids).logits.float(), dim=-1)
         return F.kl_div(draft_log_probs, target_log_probs, log_target=True, reduction="none").sum(-1).mean()
 
-    return draft, train(draft, distill_loss, stream, minutes, steps, 3e-3, "draft")
+    return draft, train(draft, distill_loss, stream, minutes, steps, 3e-3, "draft", autocast)
 
 
 def load_saved(out: Path, role: str):
@@ -343,7 +347,11 @@ def main() -> None:
     parser.add_argument("--draft-steps", type=int)
     parser.add_argument("--layerskip-steps", type=int)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--autocast", choices=("bfloat16", "off"), default="bfloat16",
+                        help="bfloat16 (default, as the shipped models were trained): fast where the CPU has bfloat16 "
+                             "arithmetic (AVX-512 BF16, AMX); off: float32, several times faster on AVX2-only CPUs")
     args = parser.parse_args()
+    autocast = args.autocast == "bfloat16"
     stages = args.stages.split(",")
     skipped_without_steps = [s for s in STAGES[1:] if s not in stages and getattr(args, f"{s}_steps") is None]
     if skipped_without_steps:
@@ -364,7 +372,7 @@ def main() -> None:
         target = build_model(TARGET_SHAPE, tokenizer)
         target_loss = lambda ids: target(ids, labels=ids).loss  # noqa: E731
         steps["target"] = train(target, target_loss, train_stream, args.target_minutes, args.target_steps, 2e-3,
-                                "target")
+                                "target", autocast)
         save(target, args.out / "target")
     else:
         target = load_saved(args.out, "target")
@@ -374,10 +382,11 @@ def main() -> None:
         plain_target_loss = evaluate(target, None, held_out)["target_loss"]
         torch.manual_seed(0)  # layer dropout draws the same whichever stages ran before
         steps["layerskip"] = layerskip_continual_pretraining(target, train_stream, args.layerskip_minutes,
-                                                             args.layerskip_steps)
+                                                             args.layerskip_steps, autocast)
         save(target, args.out / "target")
     if "draft" in stages:
-        draft, steps["draft"] = distill_draft(target, tokenizer, train_stream, args.draft_minutes, args.draft_steps)
+        draft, steps["draft"] = distill_draft(target, tokenizer, train_stream, args.draft_minutes,
+                                              args.draft_steps, autocast)
         save(draft, args.out / "draft")
     else:
         draft = load_saved(args.out, "draft")
@@ -387,11 +396,11 @@ def main() -> None:
     print(stats, flush=True)
     command = (f"python examples/train_demo_family.py --data {args.data} --out {args.out} --vocab-size "
                f"{args.vocab_size} --target-steps {steps['target']} --draft-steps {steps['draft']} "
-               f"--layerskip-steps {steps['layerskip']}")
+               f"--layerskip-steps {steps['layerskip']}" + ("" if autocast else " --autocast off"))
     trained = {"target": {"target", "layerskip"} & set(stages), "draft": {"draft"} & set(stages)}
     for role, model in (("target", target), ("draft", draft)):
         if trained[role]:  # a card describes the run that trained its model
-            (args.out / role / "README.md").write_text(model_card(role, model, steps, stats, command))
+            (args.out / role / "README.md").write_text(model_card(role, model, steps, stats, command, autocast))
 
 
 if __name__ == "__main__":
