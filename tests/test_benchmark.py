@@ -178,6 +178,7 @@ def test_load_prompts_errors(tmp_path, name, content, limit, error, message):
     "kwargs, message",
     [
         ({"methods": ["plain", "jacobi"]}, r"Unknown benchmark methods \['jacobi'\]"),
+        ({"methods": ["hybrid"], "baseline_ks": [3, 5]}, r"baseline_ks \(--baseline-k\) runs transformers' methods"),
         ({"methods": ["medusa"]}, "Method 'medusa' needs a draft head checkpoint: pass medusa_head="),
         ({"methods": ["eagle3-tree"]}, "Method 'eagle3-tree' needs a draft head checkpoint: pass eagle_head="),
         ({"methods": ["layer-skip"]}, r"Methods \['layer-skip'\] need an exit layer: pass exit_layer="),

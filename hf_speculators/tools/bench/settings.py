@@ -229,13 +229,17 @@ def named_methods(
         `dict[str, BenchMethod]`: benchmark label -> method.
 
     Raises:
-        `ValueError`: an unknown name (listing `bench_methods()`), an exit-layer method without `exit_layer`, a head
-            method without its checkpoint, or settings a config refuses (naming the field).
+        `ValueError`: an unknown name (listing `bench_methods()`), `baseline_ks` without a transformers method, an
+            exit-layer method without `exit_layer`, a head method without its checkpoint, or settings a config refuses
+            (naming the field).
     """
     known = bench_methods()
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise ValueError(f"Unknown benchmark methods {unknown}; choose from {', '.join(known)}.")
+    if baseline_ks and not set(names) & set(transformers_methods()):
+        raise ValueError(f"baseline_ks (--baseline-k) runs transformers' methods once per k, but the methods name none "
+                         f"of them: add one ({', '.join(transformers_methods())}) or drop it.")
     draft_model = draft_model or LOADED_DRAFT
     needs_exit = [m for m in names if m != "plain" and "exit_layer" in _spec_of(m)[0].required]
     if needs_exit and options.get("exit_layer") is None:
