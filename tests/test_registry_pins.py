@@ -20,7 +20,7 @@ NOW = snapshot()
 # suffix decoding's max_spec_offset among them
 NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile"},
              "bench": {"--min-ngram-size", "--max-spec-offset", "--compile", "--baseline-k", "--compare-floor",
-                       "--compare-eager"},
+                       "--compare-eager", "--presets"},
              "sweep": {"--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
                        "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
                        "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",

@@ -381,6 +381,24 @@ def test_bench_plot_and_plot_draw_the_records(saved, tmp_path, capsys):
     assert read_records(packed) == read_records(records)  # records kept gzip-compressed read the same
 
 
+def test_bench_runs_a_preset_as_generate_does_and_refuses_one_made_for_another_target(saved, tmp_path, capsys):
+    card = draft_config(saved).override(num_draft_tokens=2).save_pretrained(tmp_path / "tiny-draft-k2")
+    prompts, records = tmp_path / "prompts.txt", tmp_path / "bench.jsonl"
+    prompts.write_text(f"{PROMPT}\n", encoding="utf-8")
+    command = ["bench", "--prompts", str(prompts), "--max-new-tokens", str(NEW_TOKENS), "--out", str(records),
+               "--methods", "plain", "--presets", str(card.parent)]
+    assert cli.main([*command, "--model", saved["target"]]) == 0
+    ran = {record["method"]: record for record in read_records(records)}
+    assert set(ran) == {"plain", "tiny-draft-k2"}  # labelled by the card's folder
+    assert "num_draft_tokens=2" in ran["tiny-draft-k2"]["drafter"] and ran["tiny-draft-k2"]["identical_to_plain"]
+    capsys.readouterr()
+    assert cli.main([*command, "--model", saved["chat-target"]]) == 2
+    assert f"was made for target_model={saved['target']!r}" in capsys.readouterr().err
+    clash = draft_config(saved).save_pretrained(tmp_path / "draft-model").parent
+    assert cli.main([*command[:-4], "--methods", "draft-model", "--presets", str(clash), "--model", saved["target"]]) == 2
+    assert "--presets and --methods both run ['draft-model']" in capsys.readouterr().err
+
+
 def test_plot_benchmark_takes_records_in_memory(tmp_path):
     record = {"method": "plain", "category": "all", "new_tokens": 4, "seconds": 1.0, "num_drafts": None,
               "forward_seconds": 0.5, "identical_to_plain": True, "draft_time": None}

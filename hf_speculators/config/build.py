@@ -23,14 +23,14 @@ VERIFIER_PARAMS: dict[str, dict[str, str]] = {
 }
 
 
-def _same_model(a: str, b: str) -> bool:
+def same_model(a: str, b: str) -> bool:
     """Whether two names or paths plausibly name one model (a Hub id and a local copy share the last part)."""
     return a == b or Path(a).name.lower() == Path(b).name.lower()
 
 
 def _warn_if_other_target(config, target) -> None:
     actual = getattr(target, "name_or_path", "") or ""
-    if config.target_model and actual and not _same_model(resolve_model_id(config.target_model), actual):
+    if config.target_model and actual and not same_model(resolve_model_id(config.target_model), actual):
         warnings.warn(
             f"The speculative config was made for target_model={config.target_model!r}, but the target is "
             f"{actual!r}: its recommended settings may not suit this model."

@@ -24,7 +24,7 @@ from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
 from ..vllm_check.check import check_export
 from ..vllm_check.client import require_vllm_python
-from .bench import BenchSettings, draft_model_methods, named_methods, read_records, run_benchmark
+from .bench import BenchSettings, draft_model_methods, named_methods, preset_methods, read_records, run_benchmark
 from .bench.engines import compiled_kwargs
 from .cli_parser import DEFAULT_GENERATE_SCHEDULE, DEMO_EAGLE3, DEMO_MEDUSA, command_parser
 from .env import run_env
@@ -186,6 +186,11 @@ def run_bench(args) -> int:
                             compare_floor=args.compare_floor, compare_eager=args.compare_eager,
                             verification=_verifier(args),
                             num_draft_tokens_schedule=args.num_draft_tokens_schedule, **options)
+    presets = preset_methods([p.strip() for p in (args.presets or "").split(",") if p.strip()], args.model,
+                             compare_floor=args.compare_floor, compare_eager=args.compare_eager)
+    if set(presets) & set(methods):
+        raise ValueError(f"--presets and --methods both run {sorted(set(presets) & set(methods))}: name each once.")
+    methods |= presets
     settings = _bench_settings(args)
     prompts = load_prompts(args.prompts, args.limit)
     tokenizer = load_tokenizer(args.model)

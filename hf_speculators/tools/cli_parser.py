@@ -220,6 +220,10 @@ def command_parser(runs: Mapping[str, Callable]) -> argparse.ArgumentParser:
                             "the share of its eager lead over plain that it keeps compiled")
     bench.add_argument("--methods", default=",".join(DEFAULT_BENCH_METHODS),
                        help=f"comma-separated: {','.join(bench_methods())} (default: those without an exit layer)")
+    bench.add_argument("--presets", default=None, metavar="NAME,...",
+                       help="also run these presets (bundled names, card folders or Hub ids) as generate --preset "
+                            "runs them, their own settings and draft models, labelled by name (e.g. demo-hybrid, "
+                            "the default job); the drafter flags below do not apply to them")
     bench.add_argument("--max-ngram-size", type=POSITIVE_INT, default=2, help="for both prompt lookups (transformers' default)")
     _add_drafter_settings(bench, skip=("max_ngram_size",), baselines=True)
     _add_verifier_option(bench, f"exact (rejection with --do-sample) for our methods ({', '.join(named_methods())})")

@@ -6,10 +6,10 @@ one JSONL record per (prompt, method) (format: `records`) and summarises tokens/
 and the identical-output rate per category. With `batch_size=B > 1` the prompts are grouped in order into batches
 of B (left padded) and every method, plain batched `generate()` included, runs once per batch (`batches`).
 
-One module per job: `settings` (the method names, `BenchMethod`, `BenchSettings`, `named_methods`), `engines` (the
-`generate` keywords of each method, transformers' baselines pinned), `timing` (timed generate calls and forwards),
-`batches`, `records` (provenance, `RecordWriter`, `read_records`), `summaries` (`summarize`, `BenchmarkResult`)
-and `run` (`run_benchmark`). Prompts are read by `hf_speculators.prompts`.
+One module per job: `settings` (the method names, `BenchMethod`, `BenchSettings`, `named_methods`,
+`preset_methods`), `engines` (the `generate` keywords of each method, transformers' baselines pinned), `timing`
+(timed generate calls and forwards), `batches`, `records` (provenance, `RecordWriter`, `read_records`), `summaries`
+(`summarize`, `BenchmarkResult`) and `run` (`run_benchmark`). Prompts are read by `hf_speculators.prompts`.
 """
 
 from ...prompts import Prompt, load_prompts
@@ -17,10 +17,10 @@ from .records import RecordWriter, read_records
 from .run import run_benchmark
 from .settings import (
     DEFAULT_METHODS, BenchMethod, BenchSettings, bench_methods, draft_model_methods, exit_layer_methods, named_methods,
-    transformers_methods, variant_label,
+    preset_methods, transformers_methods, variant_label,
 )
 from .summaries import FIGURE_FORMATS, BenchmarkResult, summarize
 
 __all__ = ["DEFAULT_METHODS", "FIGURE_FORMATS", "BenchMethod", "BenchSettings", "BenchmarkResult", "Prompt",
            "RecordWriter", "bench_methods", "draft_model_methods", "exit_layer_methods", "load_prompts", "named_methods",
-           "read_records", "run_benchmark", "summarize", "transformers_methods", "variant_label"]
+           "preset_methods", "read_records", "run_benchmark", "summarize", "transformers_methods", "variant_label"]

@@ -1,5 +1,5 @@
 """The benchmark's settings: the method names it knows, a method to run (`BenchMethod`), how every method runs
-(`BenchSettings`) and the methods of the command line's names (`named_methods`)."""
+(`BenchSettings`) and the methods of the command line's names (`named_methods`) and presets (`preset_methods`)."""
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -7,9 +7,11 @@ from typing import Sequence
 
 from ...config import SpeculativeConfig
 from ...config import methods as speculative_methods
+from ...config.build import same_model
 from ...config.methods import LOADED_DRAFT
 from ...config.registry import METHOD_SPECS, checkpoint_of
 from ...config.registry import named_methods as registry_methods
+from ...loading import looks_local, resolve_model_id
 from ...schedules import check_schedule
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
@@ -262,14 +264,61 @@ def named_methods(
             config = speculative_methods.method_config(method, draft_model=draft_model, num_draft_tokens=k,
                                                        max_ngram_size=max_ngram_size, **options)
             extra = {"verification": verification, "num_draft_tokens_schedule": schedule}
-            chosen[label] = BenchMethod(config.override(**{n: v for n, v in extra.items() if v is not None}))
-            if compare_floor:  # the other side of the default: off for a drafter with a floor of its own
-                own_floor = getattr(METHOD_SPECS[config.method].drafter, "has_own_floor", False)
-                chosen[label + (LOOP_FLOOR if own_floor else NO_FLOOR)] = BenchMethod(chosen[label].config,
-                                                                                      plain_floor=own_floor)
-            if compare_eager:
-                chosen[label + EAGER] = BenchMethod(chosen[label].config, eager=True)
+            config = config.override(**{n: v for n, v in extra.items() if v is not None})
+            chosen |= _our_runs(label, config, compare_floor, compare_eager)
     return chosen
+
+
+def preset_methods(presets: Sequence[str], target_model: str, *, compare_floor: bool = False,
+                   compare_eager: bool = False) -> dict[str, BenchMethod]:
+    """The benchmark methods of presets (`--presets`), each run as `hf-speculators generate --preset` runs it: its
+    own method, draft length, schedule, verification and draft model (loaded by the drafter from the name the preset
+    gives), whatever the run's drafter settings say.
+
+    Args:
+        presets (`Sequence[str]`): bundled preset names, model-card folders or Hub ids
+            (`SpeculativeConfig.from_pretrained`); each is labelled by its name, a local card by its folder's name.
+        target_model (`str`): the model the benchmark runs (`--model`).
+        compare_floor, compare_eager (`bool`, defaults to `False`): as for `named_methods`.
+
+    Returns:
+        `dict[str, BenchMethod]`: label -> method, in the order given.
+
+    Raises:
+        `ValueError`: a preset made for another target than `target_model` (its `target_model` field), or two
+            presets with one label; what `SpeculativeConfig.from_pretrained` raises for a preset it cannot read.
+    """
+    chosen = {}
+    for preset in presets:
+        label = _preset_label(preset)
+        if label in chosen:
+            raise ValueError(f"Two presets are labelled {label!r} (--presets {', '.join(presets)}): give each once.")
+        config = SpeculativeConfig.from_pretrained(preset)
+        made_for = config.target_model and resolve_model_id(config.target_model)
+        if made_for and not same_model(made_for, resolve_model_id(target_model)):
+            raise ValueError(f"Preset {preset!r} was made for target_model={config.target_model!r}, but the benchmark "
+                             f"runs {target_model!r}: pass --model {config.target_model} or a preset for this model.")
+        chosen |= _our_runs(label, config, compare_floor, compare_eager)
+    return chosen
+
+
+def _preset_label(preset: str) -> str:
+    """A preset's label: a bundled name or Hub id as given, a local card by its folder's name (a card file's too)."""
+    if not looks_local(preset):
+        return preset
+    path = Path(preset).expanduser()
+    return (path.parent if path.is_file() else path).name
+
+
+def _our_runs(label: str, config: SpeculativeConfig, compare_floor: bool, compare_eager: bool) -> dict:
+    """`label` -> our method running `config`, and the runs `compare_floor` and `compare_eager` add beside it."""
+    runs = {label: BenchMethod(config)}
+    if compare_floor:  # the other side of the default: off for a drafter with a floor of its own
+        own_floor = getattr(METHOD_SPECS[config.method].drafter, "has_own_floor", False)
+        runs[label + (LOOP_FLOOR if own_floor else NO_FLOOR)] = BenchMethod(config, plain_floor=own_floor)
+    if compare_eager:
+        runs[label + EAGER] = BenchMethod(config, eager=True)
+    return runs
 
 
 def variant_label(method: str, num_draft_tokens: int, schedule: str) -> str:
