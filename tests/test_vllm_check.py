@@ -193,3 +193,24 @@ def test_export_check_serves_the_users_prompts(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cli, "check_export", fake_check)
     assert cli.main(["export", "demo-eagle3", "--to", "vllm", "--check", "--prompts", str(prompts)]) == 1
     assert seen == {"prompts": str(prompts)} and "stop here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_bench_compiles_both_engines_or_neither_and_times_the_passes_after_warm_up(monkeypatch, compiled):
+    from hf_speculators.vllm_check import bench
+
+    ours, sent = [], []
+    monkeypatch.setattr(bench, "_ours", lambda model, prompts, **kwargs: ours.append(
+        (len(prompts), kwargs["max_new_tokens"], kwargs["batch"], kwargs["compiled"])) or (2.0, 8))
+    served = {"vllm_version": "x", "outputs": [[1] * 4, [2] * 4], "startup_seconds": 1.0,
+              "counters": {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                           "num_accepted_tokens_per_pos": []}}
+    monkeypatch.setattr(bench, "run_vllm", lambda request, python: sent.append(request) or {
+        **served, "pass_seconds": [9.0] * (len(request["passes"]) - 2) + [3.0, 4.0]})
+    record = bench.measure(None, None, [[5, 6], [7]], 4, 0, "target", compiled=compiled)
+    warm_up = [(2, 4, False, True), (2, 4, True, True)] if compiled else [(1, 8, False, False)]
+    assert ours == [*warm_up, (2, 4, False, compiled), (2, 4, True, compiled)]
+    assert sent[0]["enforce_eager"] is not compiled
+    assert sent[0]["passes"] == (["batch", "each", "each", "batch"] if compiled else ["batch", "each", "batch"])
+    assert record["compiled"] is compiled
+    assert record["vllm"]["batch1_seconds_per_prompt"] == 1.5 and record["vllm"]["batch8_tokens_per_second"] == 2.0

@@ -51,11 +51,13 @@ class Reference:
         return cls(folder, model, tokenizer, prompts, max_new_tokens, ours, served["outputs"], vllm_python)
 
 
-def request(target: str, prompts, max_new_tokens: int, speculative_config: dict | None, passes=("batch",)) -> dict:
-    """`worker.py`'s request: greedy, fp32, a 256 MiB KV cache, contexts up to 512 tokens, eager execution."""
+def request(target: str, prompts, max_new_tokens: int, speculative_config: dict | None, passes=("batch",),
+            compiled: bool = False) -> dict:
+    """`worker.py`'s request: greedy, fp32, a 256 MiB KV cache, contexts up to 512 tokens, eager execution unless
+    `compiled` (vLLM's own `torch.compile` of the model, its default)."""
     return {"target": target, "prompts": prompts, "max_tokens": max_new_tokens, "dtype": "float32",
             "speculative_config": speculative_config, "max_model_len": 512, "kv_cache_memory_bytes": 1 << 28,
-            "passes": list(passes)}
+            "passes": list(passes), "enforce_eager": not compiled}
 
 
 @dataclass

@@ -4,7 +4,8 @@ nothing from hf_speculators, and hf_speculators never imports vLLM (`hf_speculat
 
 Usage: `VLLM_PYTHON worker.py REQUEST.json RESULT.json`. The request holds `target` (a model folder), `prompts`
 (lists of token ids), `max_tokens`, `speculative_config` (vLLM's dict, or null for plain decoding), `dtype`,
-`max_model_len`, `kv_cache_memory_bytes`, `threads` (OpenMP threads of the engine, default 1) and `passes`: how
+`max_model_len`, `kv_cache_memory_bytes`, `threads` (OpenMP threads of the engine, default 1), `enforce_eager`
+(default true: vLLM's compile off) and `passes`: how
 the prompts are generated, in order, each timed into `pass_seconds` (`"batch"`: all prompts in one `generate`
 call; `"each"`: one call per prompt). Outputs and counters come from the first pass. vLLM spawns its engine in
 another process, hence the `__main__` guard.
@@ -51,7 +52,8 @@ def main(request_path: str, result_path: str) -> None:
     import vllm
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=request["target"], dtype=request.get("dtype", "float32"), enforce_eager=True,
+    llm = LLM(model=request["target"], dtype=request.get("dtype", "float32"),
+              enforce_eager=request.get("enforce_eager", True),
               max_model_len=request.get("max_model_len", 512), max_num_seqs=request.get("max_num_seqs", 8),
               kv_cache_memory_bytes=request.get("kv_cache_memory_bytes", 1 << 28), gpu_memory_utilization=0.05,
               disable_log_stats=False, seed=0, speculative_config=request.get("speculative_config"))
