@@ -9,7 +9,7 @@ milliseconds per token. Wall time on a shared machine: compare within one run.
 
     python examples/held_out_prompts.py --out held_out.jsonl --per-kind 10
     python examples/step_breakdown.py --prompts held_out.jsonl [--limit 12] [--do-sample] [--compile] [--ops] \
-        [--batch-size 4]
+        [--batch-size 4] [--preset demo-draft-model --num-draft-tokens 3]
 
 With `--compile`, both ours and plain decode compiled (the bench's `--compile`: a static cache and transformers'
 `CompileConfig`, `tools.bench.engines.compiled_kwargs`); the warm-up call compiles, plain's own warm-up runs first.
@@ -114,12 +114,17 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="also count torch operators and host reads per phase")
     parser.add_argument("--preset", default="demo-hybrid", help="the preset whose drafter runs (default: the default "
                         "job's, demo-hybrid)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, metavar="K",
+                        help="the preset's drafter at a constant K draft tokens (as vllm_check.bench runs it)")
     parser.add_argument("--batch-size", type=int, default=1, help="prompts per call, left padded (a step serves every "
                         "row: its tokens per step are the batch's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tokenizer = demo_target(args.device)
-    drafter = build_drafter(hs.SpeculativeConfig.from_pretrained(args.preset), model, tokenizer)
+    config = hs.SpeculativeConfig.from_pretrained(args.preset)
+    if args.num_draft_tokens is not None:
+        config = config.override(num_draft_tokens=args.num_draft_tokens, num_draft_tokens_schedule="constant")
+    drafter = build_drafter(config, model, tokenizer)
     encoded = [(tokenizer(prompt.text, return_tensors="pt").input_ids.to(model.device), False)
                for prompt in load_prompts(args.prompts, args.limit)]
     batches = make_batches(encoded, args.batch_size, pad_token(tokenizer))
