@@ -23,14 +23,22 @@ VERIFIER_PARAMS: dict[str, dict[str, str]] = {
 }
 
 
-def same_model(a: str, b: str) -> bool:
+def _same_model(a: str, b: str) -> bool:
     """Whether two names or paths plausibly name one model (a Hub id and a local copy share the last part)."""
     return a == b or Path(a).name.lower() == Path(b).name.lower()
 
 
+def made_for_another_target(config, target_name: str) -> bool:
+    """Whether `config.target_model` names another model than `target_name` (a name or path; `False` when either
+    is unset)."""
+    target_name = resolve_model_id(target_name or "")
+    return bool(config.target_model and target_name
+                and not _same_model(resolve_model_id(config.target_model), target_name))
+
+
 def _warn_if_other_target(config, target) -> None:
     actual = getattr(target, "name_or_path", "") or ""
-    if config.target_model and actual and not same_model(resolve_model_id(config.target_model), actual):
+    if made_for_another_target(config, actual):
         warnings.warn(
             f"The speculative config was made for target_model={config.target_model!r}, but the target is "
             f"{actual!r}: its recommended settings may not suit this model."

@@ -175,8 +175,13 @@ def _interrupted(args) -> int:
     return INTERRUPTED
 
 
+def _comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated flag value, stripped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def run_bench(args) -> int:
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    names = _comma_list(args.methods)
     if args.compare_eager and not args.compile:
         raise ValueError("--compare-eager runs our methods eagerly beside their compiled runs: pass --compile too.")
     if args.draft_vocab_size is not None and args.draft_vocab is None:
@@ -186,8 +191,8 @@ def run_bench(args) -> int:
                             compare_floor=args.compare_floor, compare_eager=args.compare_eager,
                             verification=_verifier(args),
                             num_draft_tokens_schedule=args.num_draft_tokens_schedule, **options)
-    presets = preset_methods([p.strip() for p in (args.presets or "").split(",") if p.strip()], args.model,
-                             compare_floor=args.compare_floor, compare_eager=args.compare_eager)
+    presets = preset_methods(_comma_list(args.presets or ""), args.model, compare_floor=args.compare_floor,
+                             compare_eager=args.compare_eager)
     if set(presets) & set(methods):
         raise ValueError(f"--presets and --methods both run {sorted(set(presets) & set(methods))}: name each once.")
     methods |= presets

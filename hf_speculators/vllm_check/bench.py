@@ -74,7 +74,8 @@ def _measure(name, model, prompts, max_new_tokens, pad_id, target, vllm_python, 
     ours = functools.partial(_ours, model, max_new_tokens=max_new_tokens, config=config, pad_id=pad_id,
                              compiled=compiled)
     if compiled:  # warm-up: the shapes of every timed call
-        ours(prompts, batch=False), ours(prompts, batch=True)
+        ours(prompts, batch=False)
+        ours(prompts, batch=True)
     else:
         ours(prompts[:1], max_new_tokens=8, batch=False)
     latency, throughput = ours(prompts, batch=False), ours(prompts, batch=True)

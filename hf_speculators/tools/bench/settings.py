@@ -7,11 +7,11 @@ from typing import Sequence
 
 from ...config import SpeculativeConfig
 from ...config import methods as speculative_methods
-from ...config.build import same_model
+from ...config.build import made_for_another_target
 from ...config.methods import LOADED_DRAFT
 from ...config.registry import METHOD_SPECS, checkpoint_of
 from ...config.registry import named_methods as registry_methods
-from ...loading import looks_local, resolve_model_id
+from ...loading import looks_local
 from ...schedules import check_schedule
 
 DEFAULT_METHODS = ("plain", "hf-prompt-lookup", "prompt-lookup", "prompt-lookup-tree", "hf-assisted", "draft-model",
@@ -294,8 +294,7 @@ def preset_methods(presets: Sequence[str], target_model: str, *, compare_floor: 
         if label in chosen:
             raise ValueError(f"Two presets are labelled {label!r} (--presets {', '.join(presets)}): give each once.")
         config = SpeculativeConfig.from_pretrained(preset)
-        made_for = config.target_model and resolve_model_id(config.target_model)
-        if made_for and not same_model(made_for, resolve_model_id(target_model)):
+        if made_for_another_target(config, target_model):
             raise ValueError(f"Preset {preset!r} was made for target_model={config.target_model!r}, but the benchmark "
                              f"runs {target_model!r}: pass --model {config.target_model} or a preset for this model.")
         chosen |= _our_runs(label, config, compare_floor, compare_eager)
