@@ -24,9 +24,13 @@ are at most a share `budget` of the plain steps' seconds before it: `wait = ceil
 model waits longer, as in the goodput schedule. The budget starts at `probe_overhead`; a probe that does not win
 the row back halves it, down to `min_probe_overhead`; one that does restores it. The probe's tokens count with
 weight `probe_weight` in the row's average. A drafter with its own cache (a draft model, a head) also catches up
-on the tokens committed in the plain steps, in one draft forward of at most `max_wait` + 1 tokens, which the
-probe's measured seconds include. So probing costs at most `probe_overhead` of the plain steps' time right after
-the floor engages, and at most `min_probe_overhead` (or `extra / (max_wait * P)`) over a long plain stretch.
+on the tokens committed in the plain steps, in one draft forward of at most `max_wait` + 1 tokens (compiled: the
+excess over k + 1 eagerly), which a steady run of drafted steps does not pay: a step in which a row probes counts
+in the probes' own `extra` (their seconds over `P` per drafting row, once measured the `extra` of the waits), not
+in the drafted steps' costs that decide whether a row drafts (counted there, the catch-ups made drafts look dearer
+than they are, and the floor held rows plain where drafting paid: `docs/benchmarks/floor.md`). So probing costs at
+most `probe_overhead` of the plain steps' time right after the floor engages, and at most `min_probe_overhead` (or
+`extra / (max_wait * P)`) over a long plain stretch.
 
 A floor may start from an earlier call's costs and its rows' mean tokens per drafted step and probe budget
 (`summary`, `start_from`: the hybrid drafter's floor for its model does, across the calls of one drafter): its
@@ -88,6 +92,7 @@ class PlainFloor:
         self.rows: dict[int, RowFloor] = {}
         # moving averages: a plain step's seconds; a drafted step's seconds, verification seconds and drafting rows
         self.plain_seconds = self.drafted_seconds = self.verify_seconds = self.drafting_rows = None
+        self.probe_extra = None  # a probing row's seconds over a plain step's (its catch-up included)
         self.num_drafted_steps = 0
         self.probing: set[int] = set()
         # a new row's tokens per drafted step and probe budget, from an earlier call (`start_from`)
@@ -117,6 +122,9 @@ class PlainFloor:
         if not drafted:
             if all(outcome.draft_length == 0 for outcome in outcomes):
                 self.plain_seconds = self._average(self.plain_seconds, seconds)
+        elif any(outcome.row in self.probing for outcome in drafted):  # it also caught up on the plain steps
+            self.probe_extra = self._average(self.probe_extra,
+                                             max(0.0, seconds - self._plain_seconds()) / len(drafted))
         elif self.num_drafted_steps > 0:  # the first drafted step also starts the drafter (a draft model's prefill)
             expected = self.drafted_seconds if self.num_drafted_steps > MIN_OBSERVATIONS else None
             self.drafted_seconds = self._average(self.drafted_seconds, capped(seconds, expected))
@@ -193,9 +201,11 @@ class PlainFloor:
         return max(0.0, self.drafted_seconds - self._plain_seconds()) / self.drafting_rows
 
     def _wait(self, budget: float) -> int:
-        """Plain steps before a probe whose `extra` seconds are at most `budget` of theirs."""
+        """Plain steps before a probe whose extra seconds (as measured for probes, else a drafted step's) are at most
+        `budget` of theirs."""
         plain = max(self._plain_seconds(), 1e-9)
-        return min(self.max_wait, max(1, math.ceil(self._extra_seconds() / (budget * plain))))
+        extra = self._extra_seconds() if self.probe_extra is None else self.probe_extra
+        return min(self.max_wait, max(1, math.ceil(extra / (budget * plain))))
 
     def num_plain_steps(self, row: int) -> int:
         """The steps the floor held row `row` plain."""

@@ -89,14 +89,17 @@ def test_in_a_batch_the_floor_holds_only_the_losing_row_plain(zoo, monkeypatch):
 # ---------------------------------------------------------------- decisions on synthetic steps
 
 
-def feed(floor: PlainFloor, num_steps: int, tokens_per_draft: int, plain=0.010, extra=0.004) -> list[int]:
+def feed(floor: PlainFloor, num_steps: int, tokens_per_draft: int, plain=0.010, extra=0.004,
+         probe_extra: float | None = None) -> list[int]:
     """Steps of one row asking for K tokens: a drafted step commits `tokens_per_draft` tokens and costs `plain +
-    extra` seconds, a plain one `plain`. Returns the draft lengths the floor let through."""
+    extra` seconds (a probe `plain + probe_extra`, default the same), a plain one `plain`. Returns the draft lengths
+    the floor let through."""
     lengths = []
     for _ in range(num_steps):
         k = floor.budgets([0], [K])[0]
+        cost = probe_extra if probe_extra is not None and 0 in floor.probing else extra
         nodes, accepted = (K, tokens_per_draft - 1) if k else (0, 0)
-        floor.update(step_outcomes(k, [nodes], [nodes], [accepted]), extra if k else 0.0, plain)
+        floor.update(step_outcomes(k, [nodes], [nodes], [accepted]), cost if k else 0.0, plain)
         lengths.append(k)
     return lengths
 
@@ -113,6 +116,21 @@ def test_probe_waits_grow_with_the_probes_cost_and_a_winning_probe_resets_them()
     assert floor.num_plain_steps(0) == lengths.count(0)
     lengths = feed(floor, 40, tokens_per_draft=K + 1)  # the text became easy: the next probe wins the row back
     assert lengths[-10:] == [K] * 10 and floor.rows[0].budget == 0.5
+
+
+def test_a_probes_catch_up_counts_in_its_waits_not_in_what_a_drafted_step_costs():
+    """Drafted steps cost 0.4 plain steps, a probe 2 (it also catches up on the plain steps before it). A row whose
+    drafts commit 1 token is held plain, its waits grown from the probe's cost (8, 16, 32 plain steps); when its
+    drafts turn to 2 tokens (break-even at a drafted step's cost: 1.4) the next probe wins it back for good. Had the
+    probes counted as drafted steps, a drafted step would seem to cost about 1 plain step more, and 2 tokens would
+    not pay."""
+    floor = PlainFloor()
+    lengths = feed(floor, 80, tokens_per_draft=1, probe_extra=0.020)
+    drafted = [i for i, k in enumerate(lengths) if k]
+    assert [b - a - 1 for a, b in zip(drafted[4:], drafted[5:])] == [8, 16, 32]
+    assert floor.drafted_seconds == pytest.approx(0.014)
+    lengths = feed(floor, 40, tokens_per_draft=2, probe_extra=0.020)
+    assert lengths[-20:] == [K] * 20
 
 
 def test_a_free_drafter_probes_every_step_or_two():
