@@ -25,11 +25,11 @@ model waits longer, as in the goodput schedule. The budget starts at `probe_over
 the row back halves it, down to `min_probe_overhead`; one that does restores it. The probe's tokens count with
 weight `probe_weight` in the row's average. A drafter with its own cache (a draft model, a head) also catches up
 on the tokens committed in the plain steps, in one draft forward of at most `max_wait` + 1 tokens (compiled: the
-excess over k + 1 eagerly), which a steady run of drafted steps does not pay: a step in which a row probes counts
-in the probes' own `extra` (their seconds over `P` per drafting row, once measured the `extra` of the waits), not
-in the drafted steps' costs that decide whether a row drafts (counted there, the catch-ups made drafts look dearer
-than they are, and the floor held rows plain where drafting paid: `docs/benchmarks/floor.md`). So probing costs at
-most `probe_overhead` of the plain steps' time right after the floor engages, and at most `min_probe_overhead` (or
+excess over k + 1 eagerly), which a steady run of drafted steps does not pay. So a step in which a row probes
+counts only in the probes' own `extra` (`probe_extra`, the `extra` of the waits once measured), not in the drafted
+steps' costs that decide whether a row drafts (counted there, the catch-ups made drafts look dearer than they are,
+and the floor held rows plain where drafting paid: `docs/benchmarks/floor.md`). Probing costs at most
+`probe_overhead` of the plain steps' time right after the floor engages, and at most `min_probe_overhead` (or
 `extra / (max_wait * P)`) over a long plain stretch.
 
 A floor may start from an earlier call's costs and its rows' mean tokens per drafted step and probe budget
@@ -92,7 +92,7 @@ class PlainFloor:
         self.rows: dict[int, RowFloor] = {}
         # moving averages: a plain step's seconds; a drafted step's seconds, verification seconds and drafting rows
         self.plain_seconds = self.drafted_seconds = self.verify_seconds = self.drafting_rows = None
-        self.probe_extra = None  # a probing row's seconds over a plain step's (its catch-up included)
+        self.probe_extra = None  # a probe step's seconds over a plain step's per drafting row (catch-ups included)
         self.num_drafted_steps = 0
         self.probing: set[int] = set()
         # a new row's tokens per drafted step and probe budget, from an earlier call (`start_from`)
@@ -123,8 +123,7 @@ class PlainFloor:
             if all(outcome.draft_length == 0 for outcome in outcomes):
                 self.plain_seconds = self._average(self.plain_seconds, seconds)
         elif any(outcome.row in self.probing for outcome in drafted):  # it also caught up on the plain steps
-            self.probe_extra = self._average(self.probe_extra,
-                                             max(0.0, seconds - self._plain_seconds()) / len(drafted))
+            self.probe_extra = self._average(self.probe_extra, self._extra_per_row(seconds, len(drafted)))
         elif self.num_drafted_steps > 0:  # the first drafted step also starts the drafter (a draft model's prefill)
             expected = self.drafted_seconds if self.num_drafted_steps > MIN_OBSERVATIONS else None
             self.drafted_seconds = self._average(self.drafted_seconds, capped(seconds, expected))
@@ -198,7 +197,11 @@ class PlainFloor:
 
     def _extra_seconds(self) -> float:
         """What one drafting row adds to a step's seconds."""
-        return max(0.0, self.drafted_seconds - self._plain_seconds()) / self.drafting_rows
+        return self._extra_per_row(self.drafted_seconds, self.drafting_rows)
+
+    def _extra_per_row(self, seconds: float, rows: float) -> float:
+        """A step's `seconds` over a plain step's, per drafting row of its `rows`."""
+        return max(0.0, seconds - self._plain_seconds()) / rows
 
     def _wait(self, budget: float) -> int:
         """Plain steps before a probe whose extra seconds (as measured for probes, else a drafted step's) are at most
