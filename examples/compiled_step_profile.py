@@ -70,7 +70,7 @@ def main():
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     print("the step's stages, cumulative: drafting, the draft model's catch-up, the target's forward, verification")
     pstats.Stats(profile).sort_stats("cumulative").print_stats(
-        r"(draft_model|hybrid|prompt_lookup|suffix).py.*\((propose|_catch_up)\)|target.py.*\(__call__\)"
+        r"(draft_model|hybrid|prompt_lookup|suffix).py.*\((propose|_feed|_greedy_chain)\)|target.py.*\(__call__\)"
         r"|loop.py.*\((_verify_and_commit|_keep_slots|_feedback|_observe)\)")
     if args.trace:
         for label in ("plain-compiled", "ours compiled"):

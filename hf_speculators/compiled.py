@@ -10,7 +10,8 @@ to the smallest of its two drafters' widths that holds it, `Drafter.draft_length
 the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps run one graph per batch size and
 cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
 (`RaggedCache(fixed_rows=True)`). The draft model's forwards and an EAGLE head's chain forwards compile the same
-way, over a static draft cache of their own (`DraftCompiler`). Drafters that read the target's hidden states (EAGLE,
+way, over a static draft cache of their own (`DraftCompiler`); a greedy draft model's whole chain, its catch-up
+and its one-token forwards, compiles as one graph (`run_draft_model_chain`). Drafters that read the target's hidden states (EAGLE,
 Medusa) get them from the compiled forward; Medusa's heads and EAGLE's token trees run eagerly.
 """
 
@@ -74,6 +75,36 @@ def run_draft_model_step(model, **kwargs):
     return model(**kwargs)
 
 
+def run_draft_model_chain(model, input_ids, attention_masks, position_ids, step_positions, vocab_size: int,
+                          **kwargs) -> torch.LongTensor:
+    """A greedy draft chain as one frame, so a compiled call is one graph for all its forwards (gpt-fast and vLLM
+    run the draft model's k forwards without the host between them): a forward over `input_ids` `(batch_size,
+    width)` (the rows' newest committed tokens, each row's last slot a token), then one forward per step of the
+    previous forward's argmax, each row's token fed back.
+
+    Args:
+        model (`PreTrainedModel`): the draft model.
+        input_ids (`torch.LongTensor` of shape `(batch_size, width)`): the first forward's query.
+        attention_masks (`torch.LongTensor` of shape `(batch_size, 1 + num_steps, num_keys)`): each forward's 2D
+            mask over the cache's slots (`cache.RaggedCache.chain_masks`).
+        position_ids (`torch.LongTensor` of shape `(batch_size, width)`): the first forward's positions.
+        step_positions (`torch.LongTensor` of shape `(batch_size, num_steps)`): each later forward's position.
+        vocab_size (`int`): the target's logits width; the argmax reads the draft's logits up to it.
+        **kwargs: to every forward (the cache, `use_cache`, `logits_to_keep`).
+
+    Returns:
+        `torch.LongTensor` of shape `(batch_size, 1 + num_steps)`: the draft tokens, in order.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_masks[:, 0], position_ids=position_ids,
+                   **kwargs).logits
+    tokens = [logits[:, -1, :vocab_size].argmax(dim=-1)]
+    for step in range(step_positions.shape[1]):
+        logits = model(input_ids=tokens[-1][:, None], attention_mask=attention_masks[:, step + 1],
+                       position_ids=step_positions[:, step : step + 1], **kwargs).logits
+        tokens.append(logits[:, -1, :vocab_size].argmax(dim=-1))
+    return torch.stack(tokens, dim=1)
+
+
 def run_draft_head(head, *args):
     """`head(*args)`: the frame an EAGLE head's catch-up forwards compile as (`EagleDrafter`), a code object of its
     own for the reasons `run_draft_model` gives."""
@@ -89,8 +120,9 @@ class DraftCompiler:
     """The compiled forward of one drafter's draft module and the static draft cache it runs over, when a call
     compiles (the target's switch, `compiles`).
 
-    `functions` (`run_draft_model` and `run_draft_model_step`, or the head's pair) are compiled once per
-    `compile_config` and kept: a drafter that serves many calls compiles its graphs in the first and reuses them.
+    `functions` (`run_draft_model`, `run_draft_model_step` and `run_draft_model_chain`, or the head's pair) are
+    compiled once per `compile_config` and kept: a drafter that serves many calls compiles its graphs in the first
+    and reuses them.
 
     Args:
         *functions (`Callable`): each `function(module, ...)` runs the draft module; their code objects are

@@ -135,3 +135,39 @@ def model_outputs(model, cache: RaggedCache, query: Query, num_logits: int | Non
         attention_mask=attention_mask, position_ids=cache.to_batch(position_ids.to(input_ids.device), 0), **extra,
         **kwargs,
     )
+
+
+def greedy_chain(model, cache: RaggedCache, query: Query, num_steps: int, call, vocab_size: int) -> torch.LongTensor:
+    """A greedy draft chain of `1 + num_steps` tokens per row in one call of `call`
+    (`compiled.run_draft_model_chain`, compiled): a forward over `query` after `cache`, then `num_steps` forwards of
+    one token per row, each row's argmax fed back; the cache then keeps the query's tokens and the fed ones.
+
+    The masks and positions of every forward are built here, before the call (a chain's do not depend on its tokens:
+    each step's token takes the next slot and position), so the call holds no host work between its forwards.
+
+    Args:
+        model (`PreTrainedModel`): the draft model, over a static cache.
+        cache (`RaggedCache`): its cache (static: its masks are 2D over the cache's slots).
+        query (`Query`): a chain query whose last slot holds a token in every row.
+        num_steps (`int`): the one-token forwards after the query's.
+        call (`Callable`): runs `compiled.run_draft_model_chain` on `model`.
+        vocab_size (`int`): the target's logits width (the argmax reads no draft logit past it).
+
+    Returns:
+        `torch.LongTensor` of shape `(batch_size, 1 + num_steps)`: the draft tokens.
+    """
+    width = query.input_ids.shape[1]
+    cache.reserve(width + num_steps)
+    mask, position_ids = cache.query_inputs(query, model.dtype)  # [batch_size, num_keys]: static, so 2D
+    first, slots = cache.num_slots + width, torch.arange(mask.shape[1])
+    later = (slots >= first) & (slots < first + torch.arange(1 + num_steps)[:, None])  # step j sees j more slots
+    masks = (mask[:, None, :].bool() | later).long()  # [batch_size, 1 + num_steps, num_keys]
+    step_positions = position_ids[:, -1:] + torch.arange(1, 1 + num_steps)
+    device = query.input_ids.device
+    extra = {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
+    tokens = call(cache.to_batch(query.input_ids, 0), cache.to_batch(masks.to(device), 1),
+                  cache.to_batch(position_ids.to(device), 0), cache.to_batch(step_positions.to(device), 0), vocab_size,
+                  use_cache=True, **{cache_argument(model): cache.cache}, **extra)
+    cache.append(query.valid)
+    cache.append(torch.ones(len(query.valid), num_steps, dtype=torch.bool))
+    return cache.from_batch(tokens)

@@ -488,7 +488,9 @@ def test_the_warm_up_leaves_no_cross_call_memory(target, draft, tokenizer):
 def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft, tokenizer, monkeypatch):
     """`compile=True`: plain-compiled and every method get the static cache and the compile config (dynamo's
     "eager" backend here: graphs captured as under inductor, in seconds), plain stays eager, outputs stay exact;
-    our warm-up calls run inside `Drafter.memory_kept`, the timed ones outside."""
+    our warm-up calls run inside `Drafter.memory_kept`, the timed ones outside, and no timed call compiles a graph
+    (the warm-up runs the batch itself until nothing compiles: on random tokens, the draft model's greedy chain
+    compiled in a timed call)."""
     from contextlib import contextmanager
 
     from torch._dynamo.utils import counters
@@ -505,11 +507,25 @@ def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft,
 
     calls, timed = [], bench_run.timed_generate  # per generate call: (one of ours, with a static cache)
     kept, inside = [], [False]  # per call of ours: inside `memory_kept`
+    warming, warm_up, warmed = [False], bench_run._compiled_warm_up, []  # the batches the warm-up calls ran
+    timed_calls = []  # per timed call: (graphs it compiled, whether a warm-up call ran its batch)
+
+    def warm(*args):
+        warming[0] = True
+        warm_up(*args)
+        warming[0] = False
 
     def recorded(target, batch, kwargs, settings):
         calls.append(("candidate_generator" in kwargs, kwargs.get("cache_implementation") == "static"))
         kept.extend(inside if calls[-1][0] else [])
-        return timed(target, batch, kwargs, settings)
+        if warming[0]:
+            warmed.append(batch.input_ids)
+            return timed(target, batch, kwargs, settings)
+        graphs = counters["stats"]["unique_graphs"]
+        run = timed(target, batch, kwargs, settings)
+        timed_calls.append((counters["stats"]["unique_graphs"] - graphs,
+                            any(torch.equal(ids, batch.input_ids) for ids in warmed)))
+        return run
 
     @contextmanager
     def memory_kept(self):
@@ -520,11 +536,13 @@ def test_compile_runs_every_method_compiled_beside_plain_compiled(target, draft,
     monkeypatch.setattr(Drafter, "memory_kept", memory_kept)
     monkeypatch.setattr(bench_run, "compiled_kwargs", eager_backend)
     monkeypatch.setattr(bench_run, "timed_generate", recorded)
+    monkeypatch.setattr(bench_run, "_compiled_warm_up", warm)
     torch._dynamo.reset()
     result = bench(target, draft, tokenizer, verbose=False, methods=["draft-model", "hf-assisted"], compile=True,
                    compare_eager=True)
     assert {(True, True), (True, False)} <= set(calls)  # draft-model compiled and draft-model[eager]
-    assert kept.count(True) == kept.count(False) > 0  # a warm-up call before each timed one
+    assert kept.count(True) >= kept.count(False) > 0  # warm-up calls before each timed one
+    assert timed_calls and set(timed_calls) == {(0, True)}  # warmed up on its own batch, nothing compiled while timed
     assert result.ok and all(r["identical_to_plain"] for r in result.records)
     baselines = ["hf-assisted"] if bench_run.STATIC_ASSISTED else []  # 5.23: skipped, with its reason
     assert list(result.summary["all"]) == ["plain", "plain-compiled", *baselines, "draft-model", "draft-model[eager]"]

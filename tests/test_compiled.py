@@ -10,7 +10,8 @@ from torch._dynamo.utils import counters
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 import hf_speculators as hs
-from hf_speculators.compiled import compiled_steps, compiles, run_draft_model, run_draft_model_step
+from hf_speculators.compiled import (compiled_steps, compiles, run_draft_model, run_draft_model_chain,
+                                    run_draft_model_step)
 from hf_speculators.drafters.base import TargetNeeds
 from hf_speculators.drafters.draft_model import DraftModelDrafter
 from batch_helpers import MAX_NEW_TOKENS, PAD, left_padded
@@ -80,10 +81,11 @@ def test_no_recompilation_after_warm_up():
         lengths.update(k for k, steps in enumerate(out.speculative_stats.draft_lengths) if steps)
         graphs.append(unique_graphs())
     assert len(lengths) > 2  # drafts of several lengths ran
-    # compiled in the first call: the target's verify forward of k + 1 slots, the draft model's one-token forwards
-    # and its catch-up of k + 1 slots; eager drafting would count 1, a new width or batch size one more
-    assert graphs == [3] * len(prompts)
-    assert frame_graphs(run_draft_model, run_draft_model_step) == [1, 1]  # a frame each
+    # compiled in the first call (constant k): the target's verify forward of k + 1 slots, the draft model's whole
+    # greedy chain and its one-token forwards (budgets cut by max_length); in the second (goodput: shorter drafts)
+    # its catch-up of k + 1 slots alone; eager drafting would count 1, a new width or batch size one more
+    assert graphs == [3] + [4] * (len(prompts) - 1)
+    assert frame_graphs(run_draft_model, run_draft_model_step, run_draft_model_chain) == [1, 1, 1]  # a frame each
 
 
 def test_hybrid_catch_up_is_exact(monkeypatch):
@@ -94,8 +96,8 @@ def test_hybrid_catch_up_is_exact(monkeypatch):
 
     fresh_dynamo()
     fed, step_slots = [], set()
-    catch_up = DraftModelDrafter._catch_up
-    monkeypatch.setattr(DraftModelDrafter, "_catch_up",
+    catch_up = DraftModelDrafter._catch_up_query
+    monkeypatch.setattr(DraftModelDrafter, "_catch_up_query",
                         lambda self, state, new_ids, device: fed.append(max(map(len, new_ids)))
                         or catch_up(self, state, new_ids, device))
     observe_step = HybridState.observe_step
@@ -116,6 +118,32 @@ def test_hybrid_catch_up_is_exact(monkeypatch):
     assert step_slots == {3, 9}  # the compiled widths of 2 and 8 draft tokens (a step of 1 draft token: 3 slots)
 
 
+def test_greedy_chain_drafts_what_one_forward_per_token_drafts(zoo, monkeypatch):
+    """The draft model's compiled greedy chain (catch-up and chain forwards in one graph) proposes the tokens its
+    forwards one at a time propose: the same acceptance at every draft position, for one row and a ragged batch
+    (verification would hide a wrong draft in the output, not in the acceptance)."""
+    fresh_dynamo()
+    model = zoo.target("llama")
+    drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
+    settings = dict(cache_implementation="static", compile_config=compile_config("eager"), plain_floor=False,
+                    num_draft_tokens_schedule="constant")
+    ids = torch.tensor([PROMPTS["random"]])
+
+    def calls():  # a ragged batch (returns its statistics), one row
+        return [batched(model, drafter, **settings),
+                model.generate(ids, custom_generate=hs.generate, candidate_generator=drafter,
+                               return_dict_in_generate=True, **settings)]
+
+    chained = calls()
+    assert frame_graphs(run_draft_model_chain) == [2]
+    monkeypatch.setattr(DraftModelDrafter, "_chains", lambda *args: False)
+    one_by_one = calls()
+    for chain, single in zip(chained, one_by_one):
+        assert torch.equal(chain.sequences, single.sequences)
+        assert chain.speculative_stats.accepted_per_position == single.speculative_stats.accepted_per_position
+        assert chain.speculative_stats.num_accepted_tokens > 0
+
+
 def test_finished_rows_keep_the_batch_size(zoo):
     """A batch whose rows finish at different steps runs the graphs of a batch whose rows all run to the end: rows
     that finish keep their place in every compiled forward (the target's and the draft model's), so no new batch
@@ -133,15 +161,17 @@ def test_finished_rows_keep_the_batch_size(zoo):
     assert torch.equal(out.sequences, expected)
     assert len({row.num_generated_tokens for row in out.speculative_stats.row_stats}) > 1  # a row left early
     assert unique_graphs() == graphs
+    assert frame_graphs(run_draft_model_chain) == [1]  # the batch drafted as one compiled greedy chain
 
 
 def test_exact_under_inductor():
-    """One row and a ragged batch, with rejections, compiled by inductor: token for token plain greedy output."""
+    """One row and a ragged batch, with rejections, compiled by inductor (the draft model's greedy chain as one
+    graph among them): token for token plain greedy output."""
     fresh_dynamo()
     model = build_target("llama")
     drafter = hs.DraftModelDrafter(build_noisy_copy("llama"), num_draft_tokens=3)
     settings = dict(do_sample=False, max_new_tokens=MAX_NEW_TOKENS, cache_implementation="static",
-                    compile_config=compile_config("inductor"), pad_token_id=PAD)
+                    compile_config=compile_config("inductor"), pad_token_id=PAD, num_draft_tokens_schedule="constant")
     names = ("random", "repetitive")
     ids, mask = left_padded([PROMPTS[name] for name in names])
     out = model.generate(ids, attention_mask=mask, custom_generate=hs.generate, candidate_generator=drafter,
@@ -151,4 +181,4 @@ def test_exact_under_inductor():
     ids = ids[1:]
     out = model.generate(ids, custom_generate=hs.generate, candidate_generator=drafter, **settings)
     assert out.tolist() == plain_generate(model, ids, max_new_tokens=MAX_NEW_TOKENS).tolist()
-    assert unique_graphs() >= 1
+    assert frame_graphs(run_draft_model_chain) == [2]  # the batch's and the row's

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache import RaggedCache, check_batch_support, prepare_cache
-from ..compiled import DraftCompiler, run_draft_model, run_draft_model_step
+from ..compiled import DraftCompiler, run_draft_model, run_draft_model_chain, run_draft_model_step
 from ..draft import Draft
 from ..entry import tokenizer_argument
 from ..quantization import quantized_copy
-from ..query import Query, forward
+from ..query import Query, forward, greedy_chain
 from ..static_cache import allocated
 from ..translation import DRAFT_ANCHOR, LOOKBEHIND, TokenizerBridge, same_vocabulary
 from .base import Drafter, DraftState
@@ -96,8 +96,10 @@ class DraftModelState(DraftState):
             `None`: eager forwards.
         compiled_step (`Callable`, *optional*): with `compiled_call`, the compiled forward of a chain step, one token
             per row (`compiled.run_draft_model_step`: a frame of its own).
+        compiled_chain (`Callable`, *optional*): with `compiled_call`, a whole greedy chain compiled as one graph
+            (`compiled.run_draft_model_chain`), for steps whose every row drafts `num_draft_tokens` tokens.
         catch_up_width (`int`): with `compiled_call`, the query width of the compiled catch-up forward over each
-            row's newly committed tokens (`num_draft_tokens + 1`, the most a step commits).
+            row's last committed tokens (`num_draft_tokens + 1`, the most a step commits).
     """
 
     draft_cache: RaggedCache | None = None
@@ -108,6 +110,7 @@ class DraftModelState(DraftState):
     draft_per_target: float = 0.0
     compiled_call: Callable | None = None
     compiled_step: Callable | None = None
+    compiled_chain: Callable | None = None
     catch_up_width: int = 0
 
     @property
@@ -130,8 +133,10 @@ class DraftModelDrafter(Drafter):
     When the call compiles (transformers' switch, as for the target: a static cache and `compile_config`,
     `compiled.compiles`) and the draft shares the target's vocabulary, the draft cache is a `StaticCache` of a length
     bucket and every draft forward after the prefill runs the draft model's compiled call at a fixed shape: the
-    one-token draft forwards, and the catch-up over each row's newly committed tokens padded to
-    `num_draft_tokens + 1` slots (`_catch_up`), so no step recompiles after warm-up.
+    one-token draft forwards, and the catch-up over each row's last `num_draft_tokens + 1` committed tokens (the
+    cache rolled back far enough to refeed some: `_sync`, `_catch_up_query`), so no step recompiles after warm-up.
+    A greedy step whose rows all draft `num_draft_tokens` tokens runs the catch-up and the chain's forwards as one
+    compiled graph (`compiled.run_draft_model_chain`: no host work between the forwards, one guard check).
 
     Draft scores go through the same logits processors and warpers as the target's, so with sampling the
     returned `draft_probs` are the distribution each draft token was drawn from and rejection sampling is
@@ -182,7 +187,8 @@ class DraftModelDrafter(Drafter):
         self.draft_model = draft_model
         self.draft_tokenizer = draft_tokenizer
         self._bridges = {}  # target tokenizer id -> (tokenizer, its TokenizerBridge): the vocabulary map is built once
-        self._compiler = DraftCompiler(run_draft_model, run_draft_model_step)  # compiled per compile_config, kept
+        # compiled per compile_config, kept
+        self._compiler = DraftCompiler(run_draft_model, run_draft_model_step, run_draft_model_chain)
 
     @classmethod
     def from_target(cls, model, quantization: str, **kwargs) -> "DraftModelDrafter":
@@ -250,13 +256,13 @@ class DraftModelDrafter(Drafter):
     def _compiled_cache(self, state: DraftModelState):
         """When the call compiles (the target's static cache and `compile_config`: `compiled.compiles`, the target's
         own switch) and the draft shares the target's vocabulary, an empty static draft cache of a length bucket
-        (`compiled.DraftCompiler`), with `state.compiled_call` and `state.compiled_step` set; else `None` (eager
-        drafting on a dynamic cache)."""
+        (`compiled.DraftCompiler`), with `state.compiled_call`, `state.compiled_step` and `state.compiled_chain` set;
+        else `None` (eager drafting on a dynamic cache)."""
         compiled = state.bridge is None and self._compiler.static_cache(
             state, self.draft_model.config, self.num_draft_tokens, self.draft_model)
         if not compiled:
             return None
-        cache, state.compiled_call, state.compiled_step = compiled
+        cache, state.compiled_call, state.compiled_step, state.compiled_chain = compiled
         state.catch_up_width = self.num_draft_tokens + 1
         return cache
 
@@ -277,26 +283,39 @@ class DraftModelDrafter(Drafter):
             logits = torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
         return logits
 
-    def _feed(self, state: DraftModelState, draft_ids, rows, device) -> torch.FloatTensor:
+    def _sync(self, state: DraftModelState, draft_ids, rows) -> list[torch.LongTensor]:
         """Syncs the draft cache with each row's committed tokens in the draft's vocabulary `draft_ids[i]`
-        `(length_i,)`: drops the rows that left, rolls each row back to what it shares with its tokens and feeds the
-        rest, at least the last token, in one forward. Returns the logits `(len(rows), width)` after each row's last
-        token (see `_logits`)."""
+        `(length_i,)`: drops the rows that left and rolls each row back to what it shares with its tokens, compiled
+        to at most `length_i - catch_up_width` tokens (the catch-up forward then holds a token in every slot: no
+        hole, its last slot each row's newest token). Returns each row's tokens to feed, at least the last one."""
         cache = state.draft_cache
         kept = cache.keep_rows(list(rows))  # rows that finished leave
         reused = [reusable_length(state.cached_ids[i], ids) for i, ids in zip(kept, draft_ids)]
+        if self._catches_up(state):
+            reused = [max(min(n, len(ids) - state.catch_up_width), 0) for ids, n in zip(draft_ids, reused)]
         cache.truncate(torch.tensor(reused))
-        new = [ids[n:] for ids, n in zip(draft_ids, reused)]
         state.cached_ids = draft_ids
-        if state.compiled_call is not None and allocated(cache.cache):
-            return self._catch_up(state, new, device)
-        return self._logits(state, Query.chain(*right_aligned(new)), 1, device)[:, -1]  # eager, or the prefill
+        return [ids[n:] for ids, n in zip(draft_ids, reused)]
 
-    def _catch_up(self, state: DraftModelState, new_ids: list[torch.LongTensor], device) -> torch.FloatTensor:
-        """Feeds each row's new tokens `new_ids[i]` `(n_i,)` compiled, at a fixed shape: its last `catch_up_width`
-        tokens in one compiled forward of that width (holes after a shorter row's tokens, then dropped by a length
-        reset), any tokens before them first in one eager forward (after steps the model-free drafter of a hybrid
-        drafted). Returns the logits `(len(new_ids), width)` after each row's last token (see `_logits`)."""
+    @staticmethod
+    def _catches_up(state: DraftModelState) -> bool:
+        """Whether the draft cache catches up compiled (`_catch_up_query`): a compiled call after its prefill."""
+        return state.compiled_call is not None and allocated(state.draft_cache.cache)
+
+    def _feed(self, state: DraftModelState, new_ids, device) -> torch.FloatTensor:
+        """Feeds each row's new tokens `new_ids[i]` `(n_i,)` (`_sync`) in one forward, eager or compiled. Returns
+        the logits `(len(new_ids), width)` after each row's last token (see `_logits`)."""
+        if not self._catches_up(state):  # eager, or the prefill
+            return self._logits(state, Query.chain(*right_aligned(new_ids)), 1, device)[:, -1]
+        query = self._catch_up_query(state, new_ids, device)
+        logits = self._logits(state, query, None, device, state.compiled_call)  # [rows, width, vocab]
+        last = query.valid.sum(dim=1) - 1
+        return logits[torch.arange(len(new_ids), device=logits.device), last.to(logits.device)]
+
+    def _catch_up_query(self, state: DraftModelState, new_ids: list[torch.LongTensor], device) -> Query:
+        """The compiled catch-up's query, of a fixed width: each row's last `catch_up_width` new tokens (holes after
+        a shorter row's, only while a row holds fewer tokens than that), any tokens before them fed first in one eager
+        forward (after steps the model-free drafter of a hybrid drafted)."""
         width = state.catch_up_width
         early = [ids[:-width] for ids in new_ids]
         if max(map(len, early)):
@@ -304,9 +323,7 @@ class DraftModelDrafter(Drafter):
         late = [ids[-width:] for ids in new_ids]
         lengths = torch.tensor([len(ids) for ids in late])
         input_ids = torch.stack([torch.nn.functional.pad(ids, (0, width - len(ids))) for ids in late])
-        query = Query.chain(input_ids, torch.arange(width) < lengths[:, None])
-        logits = self._logits(state, query, None, device, state.compiled_call)  # [rows, width, vocab]
-        return logits[torch.arange(len(late), device=logits.device), (lengths - 1).to(logits.device)]
+        return Query.chain(input_ids, torch.arange(width) < lengths[:, None])
 
     def _in_draft_vocabulary(self, state: DraftModelState, input_ids) -> list[torch.LongTensor]:
         """Each row's committed tokens `(1, length_i)` in the draft's vocabulary `(length'_i,)`, on its device."""
@@ -330,7 +347,10 @@ class DraftModelDrafter(Drafter):
         whose budget asks for another (see `Drafter.propose` for the arguments)."""
         # 1. each row's cache rolled back to what it shares with its committed tokens; the rest fed in one forward
         committed = self._in_draft_vocabulary(state, input_ids)
-        logits = self._feed(state, committed, rows, input_ids[0].device)  # [rows, width]
+        new_ids = self._sync(state, committed, rows)
+        if self._chains(state, max_tokens, new_ids):
+            return self._greedy_chain(state, committed, new_ids, input_ids[0].device)
+        logits = self._feed(state, new_ids, input_ids[0].device)  # [rows, width]
         budgets = ([state.bridge.draft_length(budget, state.draft_per_target) if budget else 0
                     for budget in max_tokens] if state.translates_text else max_tokens)
         prefixes = list(input_ids)  # what the logits processors see: target tokens, the drafted ones appended
@@ -362,6 +382,23 @@ class DraftModelDrafter(Drafter):
         return [Draft.chain(torch.stack(row_tokens), torch.stack(row_probs) if state.do_sample else None)
                 if row_tokens else Draft.empty(ids.device)
                 for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
+
+    def _chains(self, state: DraftModelState, max_tokens, new_ids) -> bool:
+        """Whether a step drafts as one compiled greedy chain (`_greedy_chain`): a compiled catch-up, greedy drafting
+        in the target's vocabulary without logits processors, every row `num_draft_tokens` tokens, and every row's
+        catch-up a full query (a row holds at least `catch_up_width` tokens)."""
+        return (self._catches_up(state) and state.bridge is None and not state.do_sample
+                and not state.logits_processor and all(budget == self.num_draft_tokens for budget in max_tokens)
+                and min(map(len, new_ids)) >= state.catch_up_width)
+
+    def _greedy_chain(self, state: DraftModelState, committed, new_ids, device) -> list[Draft]:
+        """Each row's chain of `num_draft_tokens` greedy draft tokens from one compiled call
+        (`query.greedy_chain`): the catch-up forward and the chain's forwards in one graph."""
+        query = self._catch_up_query(state, new_ids, device)
+        tokens = greedy_chain(self.draft_model, state.draft_cache, query, self.num_draft_tokens - 1,
+                              state.compiled_chain, state.vocab_size).to(device)  # [rows, num_draft_tokens]
+        state.cached_ids = [torch.cat([ids, row[:-1].to(ids.device)]) for ids, row in zip(committed, tokens)]
+        return [Draft.chain(row) for row in tokens]
 
     @staticmethod
     def _translated(state: DraftModelState, input_ids, draft_context, draft_tokens, budget: int) -> Draft:

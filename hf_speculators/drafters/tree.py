@@ -74,7 +74,7 @@ class TreeDrafter(DraftModelDrafter):
         row's frontier (see `Drafter.propose` for the arguments)."""
         device = input_ids[0].device
         # 1. each row's cache rolled back to the committed tokens it holds; the rest fed: the roots' logits
-        root_logits = self._feed(state, self._in_draft_vocabulary(state, input_ids), rows, device)
+        root_logits = self._feed(state, self._sync(state, self._in_draft_vocabulary(state, input_ids), rows), device)
         cache = state.draft_cache
         committed = cache.lengths
         # per row, the node each slot fed during this step holds (None: a hole); the same number for every row

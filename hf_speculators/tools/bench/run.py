@@ -2,12 +2,12 @@
 prompts, checks every exact method against plain greedy decoding and writes each record as soon as it is measured."""
 
 import json
-from dataclasses import replace
 from contextlib import ExitStack, nullcontext
 from typing import Mapping, Sequence
 
 import torch
 import transformers
+from torch._dynamo.utils import counters
 from packaging import version
 from tqdm.auto import tqdm
 
@@ -26,6 +26,7 @@ from .timing import TimedRun, timed_generate, torch_threads
 COMPILED_PLAIN = "plain-compiled"  # transformers' plain decoding, compiled (`BenchSettings.compile`)
 # whether transformers' assisted decoding takes a static cache (from 5.24 on; 5.23 raises a ValueError)
 STATIC_ASSISTED = version.parse(transformers.__version__) >= version.parse("5.24")
+MAX_WARM_UPS = 3  # untimed calls per compiled method and batch, at most (`_compiled_warm_up`)
 
 
 def run_benchmark(
@@ -131,12 +132,8 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
     """Warms every method up on the first batch, then runs all methods back to back on each batch not recorded yet,
     writing each record as soon as it is measured; returns the resumed records and the new ones.
 
-    With `settings.compile` every method is warmed up on every batch (untimed) with random tokens of the batch's
-    shape, so that the timed calls measure compiled decoding, not compilation (transformers' plain compiled decoding
-    compiles again whenever a longer prompt grows its static cache, its assisted decoding for every new verify
-    length, ours once per cache length bucket), and no drafter with a memory across calls (suffix decoding) has
-    seen the batch's text before its timed call; the warm-up calls leave that memory as it was
-    (`Drafter.memory_kept`: neither their random text nor, for the hybrid, their model floor's measurements)."""
+    With `settings.compile` every method is warmed up on every batch (untimed, `_compiled_warm_up`), so that the
+    timed calls measure compiled decoding, not compilation."""
     records = list(writer.done)
     done = {r["batch_index"] for r in records}
     todo = [(index, batch) for index, batch in enumerate(batches) if index not in done]
@@ -149,11 +146,8 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
                     disable=not settings.verbose)
     for batch_index, batch in progress:
         if settings.compile:
-            noise = replace(batch, input_ids=torch.randint_like(batch.input_ids, target.config.vocab_size))
             for method_kwargs in kwargs.values():
-                drafter = method_kwargs.get("candidate_generator")
-                with nullcontext() if drafter is None else drafter.memory_kept():
-                    timed_generate(target, noise, method_kwargs, settings)
+                _compiled_warm_up(target, batch, method_kwargs, settings)
         plain = None
         for label, method_kwargs in kwargs.items():
             rows = timed_generate(target, batch, method_kwargs, settings)
@@ -165,6 +159,25 @@ def _run_batches(target, prompts, batches: list[Batch], kwargs, settings: BenchS
                 writer.write(record)
                 records.append(record)
     return records
+
+
+def _compiled_warm_up(target, batch: Batch, method_kwargs: dict, settings: BenchSettings) -> None:
+    """Untimed calls of a compiled method on `batch` itself until one compiles no new graph (at most
+    `MAX_WARM_UPS`), so that its timed call on the batch compiles none either: transformers' plain compiled decoding
+    compiles again whenever a longer prompt grows its static cache, its assisted decoding for every new verify
+    length, ours once per cache length bucket, and a drafter for each kind of step it takes (a full greedy chain,
+    a shorter draft, a catch-up): which it takes reads the clock (the plain-speed floor), so a warm-up whose own
+    steps compiled may take other steps than the timed call, and random tokens, which no draft matches, take few.
+    The calls leave the drafters' memory across calls as it was (`Drafter.memory_kept`: neither the batch's text for
+    suffix decoding nor, for the hybrid, their model floor's measurements): no drafter has seen the text before its
+    timed call."""
+    drafter = method_kwargs.get("candidate_generator")
+    for _ in range(MAX_WARM_UPS):
+        graphs = counters["stats"]["unique_graphs"]
+        with nullcontext() if drafter is None else drafter.memory_kept():
+            timed_generate(target, batch, method_kwargs, settings)
+        if counters["stats"]["unique_graphs"] == graphs:
+            return
 
 
 @torch.no_grad()
