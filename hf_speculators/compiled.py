@@ -11,8 +11,8 @@ the static cache's length (`RaggedCache.query_inputs`), so after warm-up steps r
 cache length bucket (`static_cache.length_bucket`): rows that finish keep their place in the batch
 (`RaggedCache(fixed_rows=True)`). The draft model's forwards and an EAGLE head's chain forwards compile the same
 way, over a static draft cache of their own (`DraftCompiler`); a greedy draft model's whole chain, its catch-up
-and its one-token forwards, compiles as one graph (`run_draft_model_chain`). Drafters that read the target's hidden states (EAGLE,
-Medusa) get them from the compiled forward; Medusa's heads and EAGLE's token trees run eagerly.
+and its one-token forwards, compiles as one graph (`run_draft_model_chain`). Drafters that read the target's hidden
+states (EAGLE, Medusa) get them from the compiled forward; Medusa's heads and EAGLE's token trees run eagerly.
 """
 
 import functools
@@ -86,7 +86,7 @@ def run_draft_model_chain(model, input_ids, attention_masks, position_ids, step_
         model (`PreTrainedModel`): the draft model.
         input_ids (`torch.LongTensor` of shape `(batch_size, width)`): the first forward's query.
         attention_masks (`torch.LongTensor` of shape `(batch_size, 1 + num_steps, num_keys)`): each forward's 2D
-            mask over the cache's slots (`cache.RaggedCache.chain_masks`).
+            mask over the cache's slots (built by `query.greedy_chain`).
         position_ids (`torch.LongTensor` of shape `(batch_size, width)`): the first forward's positions.
         step_positions (`torch.LongTensor` of shape `(batch_size, num_steps)`): each later forward's position.
         vocab_size (`int`): the target's logits width; the argmax reads the draft's logits up to it.

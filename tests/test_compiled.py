@@ -181,4 +181,5 @@ def test_exact_under_inductor():
     ids = ids[1:]
     out = model.generate(ids, custom_generate=hs.generate, candidate_generator=drafter, **settings)
     assert out.tolist() == plain_generate(model, ids, max_new_tokens=MAX_NEW_TOKENS).tolist()
+    assert unique_graphs() >= 1
     assert frame_graphs(run_draft_model_chain) == [2]  # the batch's and the row's

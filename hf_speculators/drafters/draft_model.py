@@ -384,11 +384,11 @@ class DraftModelDrafter(Drafter):
                 for ids, row_tokens, row_probs in zip(input_ids, tokens, probs)]
 
     def _chains(self, state: DraftModelState, max_tokens, new_ids) -> bool:
-        """Whether a step drafts as one compiled greedy chain (`_greedy_chain`): a compiled catch-up, greedy drafting
-        in the target's vocabulary without logits processors, every row `num_draft_tokens` tokens, and every row's
-        catch-up a full query (a row holds at least `catch_up_width` tokens)."""
-        return (self._catches_up(state) and state.bridge is None and not state.do_sample
-                and not state.logits_processor and all(budget == self.num_draft_tokens for budget in max_tokens)
+        """Whether a step drafts as one compiled greedy chain (`_greedy_chain`): a compiled catch-up (so the target's
+        vocabulary: `_compiled_cache`), greedy drafting without logits processors, every row `num_draft_tokens`
+        tokens, and every row's catch-up a full query (a row holds at least `catch_up_width` tokens)."""
+        return (self._catches_up(state) and not state.do_sample and not state.logits_processor
+                and all(budget == self.num_draft_tokens for budget in max_tokens)
                 and min(map(len, new_ids)) >= state.catch_up_width)
 
     def _greedy_chain(self, state: DraftModelState, committed, new_ids, device) -> list[Draft]:

@@ -7,8 +7,8 @@ from typing import Mapping, Sequence
 
 import torch
 import transformers
-from torch._dynamo.utils import counters
 from packaging import version
+from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
 from ...config import SpeculativeConfig
