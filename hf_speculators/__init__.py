@@ -8,6 +8,7 @@ from .drafters import (
 )
 from .draft import Draft
 from .metrics import SpeculativeStats
+from .onednn_linear import use_onednn_linear
 from .schedules import SCHEDULES, DraftLengthSchedule, GoodputSchedule
 from .tree import TokenTree
 from .verifiers import (
@@ -58,4 +59,5 @@ __all__ = [
     "Verifier",
     "enable",
     "generate",
+    "use_onednn_linear",
 ]

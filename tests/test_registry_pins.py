@@ -18,10 +18,10 @@ PINS = json.loads((Path(__file__).parent / "data" / "registry_pins.json").read_t
 NOW = snapshot()
 # flags added since the pins (command -> flags): every command with drafter settings offers all the specs' settings,
 # suffix decoding's max_spec_offset among them
-NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile"},
-             "bench": {"--min-ngram-size", "--max-spec-offset", "--compile", "--baseline-k", "--compare-floor",
+NEW_FLAGS = {"generate": {"--prefer", "--max-spec-offset", "--compile", "--cpu-linear"},
+             "bench": {"--cpu-linear", "--min-ngram-size", "--max-spec-offset", "--compile", "--baseline-k", "--compare-floor",
                        "--compare-eager", "--presets"},
-             "sweep": {"--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
+             "sweep": {"--cpu-linear", "--confidence-threshold", "--draft-vocab", "--draft-vocab-size", "--max-tree-depth",
                        "--max-cached-requests", "--max-spec-factor", "--max-spec-offset", "--min-token-prob",
                        "--window-size", "--ngram-size", "--verification-set-size", "--prefer", "--max-ngram-size",
                        "--min-ngram-size"},

@@ -9,6 +9,7 @@ from ..drafters import Drafter, HybridDrafter
 from ..drafters.draft_model import vocabulary_bridge
 from ..drafters.suffix import SUFFIX_SETTINGS
 from ..loading import load_model, load_tokenizer, resolve_model_id
+from ..onednn_linear import runs_onednn_linear, use_onednn_linear
 from ..verifiers import VERIFIERS, Verifier
 from ..vocab import ranked_draft_vocab
 from .registry import METHOD_SPECS
@@ -117,6 +118,15 @@ def build_drafter(config, target, target_tokenizer=None, **loaded) -> Drafter:
         `FileNotFoundError`: a local `draft_model` or `draft_vocab` file that does not exist.
         `ImportError`: the library of `draft_quantization` is not installed.
     """
+    drafter = _drafter(config, target, target_tokenizer, loaded)
+    if target is not None and runs_onednn_linear(target):
+        for module in drafter.draft_modules(target):
+            use_onednn_linear(module)
+    return drafter
+
+
+def _drafter(config, target, target_tokenizer, loaded: dict) -> Drafter:
+    """`build_drafter`'s drafter, before its modules follow the target's linear kernel."""
     drafters = {name: spec.drafter for name, spec in METHOD_SPECS.items() if spec.drafter is not None}
     if config.method not in drafters:
         hint = (

@@ -20,6 +20,7 @@ from ..config.presets import bundled_card, bundled_presets, card_results
 from ..config.vllm_export import commands_text, export
 from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
+from ..onednn_linear import use_onednn_linear
 from ..metrics import clock
 from ..prompts import encode_prompt, load_prompts, use_chat_template
 from ..vllm_check.check import check_export
@@ -119,7 +120,8 @@ def run_generate(args) -> int:
     target_name = config.target_model or DEMO_TARGET
     tokenizer = load_tokenizer(target_name)
     chat = use_chat_template(tokenizer, args.chat, args.system)
-    target = enable(load_model(target_name, args.dtype, args.device, quantization=args.quantization))
+    target = enable(_linear_kernel(load_model(target_name, args.dtype, args.device, quantization=args.quantization),
+                                   args))
     _print_placement(target)
     drafter, verifier = config.build(target, tokenizer)
     inputs = encode_prompt(tokenizer, args.prompt, chat, args.system).to(target.device)
@@ -153,11 +155,20 @@ def _load_models(args, needs_draft: bool):
     """`(target, draft)` as the command's model options say; `draft` is `None` unless `needs_draft`."""
     if args.draft_quantization is not None and not needs_draft:
         raise ValueError("--draft-quantization quantizes the draft model, and no method chosen uses one.")
-    target = load_model(args.model, args.dtype, args.device, quantization=args.quantization)
+    target = _linear_kernel(load_model(args.model, args.dtype, args.device, quantization=args.quantization), args)
     _print_placement(target)
     if not needs_draft:
         return target, None
-    return target, load_model(args.draft, args.dtype, args.device, quantization=args.draft_quantization)
+    return target, _linear_kernel(load_model(args.draft, args.dtype, args.device,
+                                             quantization=args.draft_quantization), args)
+
+
+def _linear_kernel(model, args):
+    """`model`, its CPU linear layers switched to oneDNN unless `--cpu-linear torch` (drafters follow the target,
+    `build_drafter`)."""
+    if args.cpu_linear == "onednn":
+        use_onednn_linear(model)
+    return model
 
 
 def _bench_settings(args) -> BenchSettings:

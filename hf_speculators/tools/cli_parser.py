@@ -7,6 +7,7 @@ from typing import Callable, Mapping
 from ..config.registry import METHOD_SPECS, checkpoint_settings, method_options, named_methods
 from ..drafters.spec import Setting
 from ..loading import AUTO, DEMO_DRAFT, DEMO_TARGET, DTYPES
+from ..onednn_linear import CPU_LINEAR_KERNELS
 from ..quantization import QUANTIZATIONS
 from ..schedules import SCHEDULES
 from ..training.cli import add_training_commands
@@ -69,8 +70,16 @@ def _add_model_options(parser: argparse.ArgumentParser, threads: int | None, fro
     parser.add_argument("--device", default=AUTO, help="auto (default): CUDA, then MPS, then the CPU")
     parser.add_argument("--threads", type=POSITIVE_INT, default=threads,
                         help=f"torch CPU threads (default: {threads or 'torch chooses'})")
+    add_cpu_linear_option(parser)
     _add_chat_options(parser)
     _add_verbose_option(parser)
+
+
+def add_cpu_linear_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cpu-linear", choices=CPU_LINEAR_KERNELS, default="onednn",
+                        help="on the CPU, float32 linear layers over two rows or more (the verify forward, the "
+                             "prefill): onednn (default: oneDNN over weights packed once, as vLLM's CPU build) or "
+                             "torch (torch's linear)")
 
 
 def _add_verbose_option(parser: argparse.ArgumentParser) -> None:

@@ -26,9 +26,15 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _linear(provenance: dict) -> str:
+    """", oneDNN linear layers" for a run whose target ran them (`use_onednn_linear`); nothing for torch's."""
+    return ", oneDNN linear layers" if provenance.get("cpu_linear") == "onednn" else ""
+
+
 def provenance_line(records: Sequence[dict]) -> str:
     """One sentence naming where and how the run was recorded, from the first record's provenance: date, commit,
-    device, dtype, threads, library versions, prompts, new tokens and greedy or sampling decoding."""
+    device, dtype, threads, oneDNN linear layers if used, library versions, prompts, new tokens and greedy or
+    sampling decoding."""
     provenance = records[0].get("provenance", {})
     settings = provenance.get("run", {}).get("settings", {})
     decoding = (f"sampling (temperature {settings.get('temperature')}, seed {settings.get('seed')})"
@@ -37,7 +43,8 @@ def provenance_line(records: Sequence[dict]) -> str:
     commit = (provenance.get("git_commit") or "unknown")[:7]
     return (f"Recorded {provenance.get('timestamp', 'at an unknown date')} at commit {commit}: "
             f"{provenance.get('device', '?')}, {provenance.get('dtype', '?')}, "
-            f"{provenance.get('num_threads', '?')} thread(s), torch {provenance.get('torch_version', '?')}, "
+            f"{provenance.get('num_threads', '?')} thread(s){_linear(provenance)}, "
+            f"torch {provenance.get('torch_version', '?')}, "
             f"transformers {provenance.get('transformers_version', '?')}; {prompts} prompts, "
             f"{settings.get('max_new_tokens', '?')} new tokens, {decoding}.")
 

@@ -16,7 +16,9 @@ from ..config import SpeculativeConfig
 from ..config.vllm_export import export
 from ..decoding import generate
 from ..loading import load_model, load_tokenizer, resolve_model_id
+from ..onednn_linear import use_onednn_linear
 from ..tools.bench.engines import compiled_kwargs
+from ..tools.cli_parser import add_cpu_linear_option
 from .check import comparable, request
 from .client import run_vllm
 from .compare import encode_prompts, vllm_acceptance
@@ -107,14 +109,18 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", action="store_true", help="both engines compiled: ours with a static cache and "
                         "torch.compile (the bench's --compile), vLLM with its own compile on (no enforce_eager)")
     parser.add_argument("--out", required=True, help="JSON-lines records, appended")
+    add_cpu_linear_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     folder = resolve_model_id(TARGET)
     model, tokenizer = load_model(folder), load_tokenizer(folder)
+    if args.cpu_linear == "onednn":
+        use_onednn_linear(model)
     prompts = encode_prompts(tokenizer, args.prompts, args.prompt_set)
     for name in args.presets.split(","):
         record = measure(None if name == "plain" else name, model, prompts, args.max_new_tokens,
                          tokenizer.pad_token_id, folder, args.vllm_python, args.compile)
+        record["ours"]["cpu_linear"] = args.cpu_linear
         print(json.dumps(record), flush=True)
         with open(args.out, "a", encoding="utf-8") as file:
             file.write(json.dumps(record) + "\n")

@@ -28,7 +28,8 @@ Record format (one JSON object per line, one line per (prompt, method), every li
                                                   or "mismatch"; null otherwise
     batch_index, batch_rows, batch_seconds,       the batch (0-based), its rows, the call's wall-clock seconds, its
     batch_pad_tokens                              prompts' left padding slots (batch_size=1: one row, no padding)
-    provenance                                    the run: git commit, versions, device, dtype, threads, models and
+    provenance                                    the run: git commit, versions, device, dtype, threads, the CPU
+                                                  linear kernel (`cpu_linear`: onednn or torch), models and
                                                   their quantization configs, and `run`: the methods' configs, the
                                                   settings (`BenchSettings`), the prompts' fingerprint and
                                                   `skipped_methods` (method -> why it cannot run a batch), which a
@@ -59,6 +60,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from ...onednn_linear import runs_onednn_linear
 from ...prompts import Prompt
 from ...quantization import quantization_settings
 from .batches import Batch
@@ -101,6 +103,7 @@ def run_provenance(target, draft, run: dict) -> dict:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "num_threads": torch.get_num_threads(),
+        "cpu_linear": "onednn" if runs_onednn_linear(target) else "torch",
         "target": _model_name(target),
         "draft": _model_name(draft),
         "target_quantization": quantization_settings(target),
