@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--suffix", action="store_true", help="also suffix decoding alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = demo_target(args.device)
+    model, tokenizer = demo_target(args)
     tokenizer.padding_side = "left"
     config = hs.SpeculativeConfig.from_pretrained("demo-hybrid")
     drafters = {name: hybrid(config, model, tokenizer, name) for name in METHODS[1:]}

@@ -120,7 +120,7 @@ def main() -> None:
                         "row: its tokens per step are the batch's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model, tokenizer = demo_target(args.device)
+    model, tokenizer = demo_target(args)
     config = hs.SpeculativeConfig.from_pretrained(args.preset)
     if args.num_draft_tokens is not None:
         config = config.override(num_draft_tokens=args.num_draft_tokens, num_draft_tokens_schedule="constant")

@@ -42,20 +42,23 @@ def test_products_match_torch_and_follow_in_place_changes():
     layers, reference = Layers(), Layers()
     hs.use_onednn_linear(layers)
     x = torch.randn(2, 4, 16)
-    assert layers.up.weight not in _PACKED
+    assert id(layers.up.weight) not in _PACKED
     torch.testing.assert_close(layers(x[:1, :1]), reference(x[:1, :1]))  # one row: torch's linear, nothing packed
-    assert layers.up.weight not in _PACKED
+    assert id(layers.up.weight) not in _PACKED
     torch.testing.assert_close(layers(x), reference(x), rtol=1e-5, atol=1e-6)
-    assert layers.up.weight in _PACKED and layers.down.weight in _PACKED
+    assert id(layers.up.weight) in _PACKED and id(layers.down.weight) in _PACKED
     layers.down.weight.mul_(2)
     torch.testing.assert_close(layers(x), 2 * reference(x), rtol=1e-5, atol=1e-6)  # repacked, not the stale copy
+    key = id(layers.down.weight)
+    del layers
+    assert key not in _PACKED  # freed with its weight
 
 
 def test_gradients_keep_torch_linear():
     layers = Layers()
     hs.use_onednn_linear(layers)
     layers(torch.randn(3, 16)).sum().backward()
-    assert layers.up.weight.grad is not None and layers.up.weight not in _PACKED
+    assert layers.up.weight.grad is not None and id(layers.up.weight) not in _PACKED
 
 
 @torch.no_grad()
@@ -91,4 +94,4 @@ def test_draft_model_follows_the_target_and_decoding_stays_exact(fresh_target):
     ids = prompt_ids("repetitive")
     out = speculative_generate(fresh_target, ids, drafter, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain_generate(fresh_target, ids))
-    assert out.speculative_stats.num_accepted_tokens > 0 and fresh_target.lm_head.weight in _PACKED
+    assert out.speculative_stats.num_accepted_tokens > 0 and id(fresh_target.lm_head.weight) in _PACKED
