@@ -21,7 +21,7 @@ With `--products`, the model's linear layers alone (its matrix products, without
 after another as a forward runs them, on inputs of 1 and of `--sizes` rows: milliseconds per pass over all of them,
 median of `--reps` (the rest of a forward's time is what its other operations and Python work cost).
 
-    python examples/forward_cost.py --products [--model hf_speculators/demo/draft] [--sizes 4,16]
+    python examples/forward_cost.py --products [--model hf_speculators/demo/draft] [--sizes 4,16] [--cpu-linear onednn]
 """
 
 import argparse
@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import hf_speculators as hs
 from hf_speculators.cache import RaggedCache, cache_argument, prepare_cache
 from hf_speculators.loading import DEMO_TARGET, load_tokenizer
+from hf_speculators.onednn_linear import CPU_LINEAR_KERNELS
 from hf_speculators.prompts import load_prompts
 from hf_speculators.query import Query, forward
 
@@ -141,9 +142,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5, help="--plain-step: whole generate calls of each")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="--plain-step: of each whole call")
     parser.add_argument("--products", action="store_true", help="the model's linear layers alone, per input rows")
+    parser.add_argument("--cpu-linear", choices=CPU_LINEAR_KERNELS, default="torch",
+                        help="torch (default, as the pages measured before 2026-11-28's oneDNN layers) or onednn "
+                             "(hs.use_onednn_linear, the command line's default)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if args.cpu_linear == "onednn":
+        hs.use_onednn_linear(model)
     if args.plain_step or args.products:
         with torch.no_grad():
             (plain_step if args.plain_step else products)(model, args)

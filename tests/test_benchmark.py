@@ -240,6 +240,7 @@ def test_jsonl_records(run, target):
     assert all(r["provenance"] == provenance for r in lines)
     assert provenance["transformers_version"] and provenance["torch_version"] and provenance["timestamp"]
     assert (provenance["device"], provenance["dtype"], provenance["num_threads"]) == ("cpu", "float32", 1)
+    assert provenance["cpu_linear"] == "torch"  # a target nobody switched to oneDNN
     run = provenance["run"]
     assert run["settings"]["max_new_tokens"] == NEW_TOKENS and not run["settings"]["do_sample"]
     assert run["methods"]["hf-prompt-lookup"] == {"engine": "transformers", "method": "prompt-lookup",

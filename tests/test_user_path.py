@@ -31,6 +31,7 @@ from hf_speculators.tools.bench import BenchSettings, run_benchmark  # noqa: E40
 from hf_speculators.prompts import encode_prompt, use_chat_template  # noqa: E402
 from hf_speculators.decoding import BUILT_ATTRIBUTE  # noqa: E402
 from hf_speculators.loading import load_model, load_tokenizer, resolve_device, resolve_dtype  # noqa: E402
+from hf_speculators.onednn_linear import onednn_available  # noqa: E402
 from hf_speculators.tools.bench import read_records  # noqa: E402
 from hf_speculators.tools.plots import plot_benchmark  # noqa: E402
 from hf_speculators.config.presets import bundled_presets, card_results  # noqa: E402
@@ -370,7 +371,8 @@ def test_bench_plot_and_plot_draw_the_records(saved, tmp_path, capsys):
     records, first, second = tmp_path / "bench.jsonl", tmp_path / "bench.png", tmp_path / "again" / "plot.png"
     assert cli.main(["bench", "--prompts", str(prompts), "--model", saved["target"], "--draft", saved["draft"],
                      "--methods", "prompt-lookup,draft-model", "--max-new-tokens", str(NEW_TOKENS), "--out",
-                     str(records), "--plot", str(first)]) == 0
+                     str(records), "--plot", str(first), "--cpu-linear", "torch"]) == 0
+    assert read_records(records)[0]["provenance"]["cpu_linear"] == "torch"
     assert cli.main(["plot", str(records), "--out", str(second)]) == 0
     for path in (first, second):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -391,6 +393,7 @@ def test_bench_runs_a_preset_as_generate_does_and_refuses_one_made_for_another_t
     ran = {record["method"]: record for record in read_records(records)}
     assert set(ran) == {"plain", "tiny-draft-k2"}  # labelled by the card's folder
     assert "num_draft_tokens=2" in ran["tiny-draft-k2"]["drafter"] and ran["tiny-draft-k2"]["identical_to_plain"]
+    assert ran["plain"]["provenance"]["cpu_linear"] == ("onednn" if onednn_available() else "torch")  # the default
     capsys.readouterr()
     assert cli.main([*command, "--model", saved["chat-target"]]) == 2
     assert f"was made for target_model={saved['target']!r}" in capsys.readouterr().err
