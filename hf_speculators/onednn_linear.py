@@ -4,12 +4,13 @@ A speculative step's target forward multiplies `k + 1` rows (times the batch) by
 torch's float32 `linear` is a matrix-vector product for one row and a general matrix product from two rows on,
 which at two to eight rows streams the weights less well: the demo target's 57 linear layers took 1.3-1.4x as long
 for four rows as for one on an AVX-512 CPU (docs/benchmarks/compiled.md). oneDNN's inner product over a weight
-reordered once into its blocked layout costs about the same for four rows as for one there, which is how vLLM's
+reordered once into its blocked layout took less for four rows than torch's for one there, which is how vLLM's
 CPU build runs its linear layers (`onednn_mm` over weights packed at load). torch ships both operations
 (`torch.ops.mkldnn._reorder_linear_weight`, `torch.ops.mkldnn._linear_pointwise`, what inductor's weight freezing
-uses for bfloat16; for float32 it packs for MKL instead, which measured no faster here), so this module only
-decides when to call them: `use_onednn_linear` switches a model's `torch.nn.Linear` layers over, and a forward of
-one row, one that records gradients, or one on another device keeps torch's `linear`.
+uses for half-precision weights; for float32 it packs for MKL instead, which measured no faster here), so this
+module only decides when to call them: `use_onednn_linear` switches a model's `torch.nn.Linear` layers over, and a
+forward of one row, one that records gradients or runs under autocast, or one whose weight is no longer a float32
+parameter on the CPU keeps torch's `linear`.
 
 Under `torch.compile` the product is the custom operator `hf_speculators::onednn_linear`, opaque to inductor; the
 packed weight is kept per parameter (weakly, repacked when the parameter is changed in place), not in the graph.
@@ -75,14 +76,15 @@ class OneDNNLinear(torch.nn.Linear):
     """A `torch.nn.Linear` whose forward of two rows or more, without gradients, runs `packed_linear`.
 
     `use_onednn_linear` turns a model's `nn.Linear` layers into this class in place (their parameters, hooks and
-    state dict unchanged); a one-row input (a plain decoding step) keeps torch's `linear`, as does any input that
-    records gradients, lives elsewhere than the CPU or has another dtype than the weight.
+    state dict unchanged); a one-row input (a plain decoding step) keeps torch's `linear`, as does a forward that
+    records gradients or runs under autocast, a float32 input's only, and one whose weight is no longer a plain
+    float32 parameter on the CPU (the model moved, cast or quantized since).
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // max(input.shape[-1], 1)
-        if (rows < 2 or torch.is_grad_enabled() or input.device.type != "cpu"
-                or input.dtype != self.weight.dtype):
+        if (rows < 2 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or input.dtype != torch.float32
+                or not _plain_float32_cpu(self.weight)):
             return F.linear(input, self.weight, self.bias)
         if torch.compiler.is_compiling():
             return torch.ops.hf_speculators.onednn_linear(input, self.weight, self.bias)
@@ -99,9 +101,11 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
     """Runs `model`'s float32 `torch.nn.Linear` layers on the CPU through oneDNN with prepacked weights.
 
     Every module whose type is exactly `torch.nn.Linear` (not a bitsandbytes, LoRA or other subclass) with a
-    float32 weight on the CPU (a plain parameter: not torchao's quantized tensors) becomes a `OneDNNLinear` in place; each weight is packed on its first multi-row forward.
-    Outputs differ from torch's `linear` by float32 rounding only (another summation order). Nothing changes where
-    this torch build has no oneDNN, or for layers on other devices or of other dtypes.
+    float32 weight on the CPU (a plain parameter: not torchao's quantized tensors) becomes a `OneDNNLinear` in
+    place; each weight is packed on its first multi-row forward. Outputs differ from torch's `linear` by float32
+    rounding only (another summation order). Nothing changes where this torch build has no oneDNN, or for layers
+    on other devices or of other dtypes. The product is oneDNN's inner product as vLLM's CPU build runs it
+    (`onednn_mm` over weights packed at load).
 
     Args:
         model (`torch.nn.Module`): e.g. a `PreTrainedModel` loaded on the CPU, or a draft model or head.

@@ -3,6 +3,7 @@ as torch's `linear` eagerly and compiled, repacking after an in-place change, an
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 import hf_speculators as hs
 from hf_speculators.config import SpeculativeConfig
@@ -52,6 +53,18 @@ def test_products_match_torch_and_follow_in_place_changes():
     key = id(layers.down.weight)
     del layers
     assert key not in _PACKED  # freed with its weight
+
+
+@torch.no_grad()
+def test_layers_cast_since_or_under_autocast_keep_torch_linear():
+    layers = Layers()
+    hs.use_onednn_linear(layers)
+    layers.up.to(torch.float64)  # cast after the switch
+    x = torch.randn(4, 16, dtype=torch.float64)
+    torch.testing.assert_close(layers.up(x), F.linear(x, layers.up.weight, layers.up.bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layers.down(torch.randn(4, 40)).dtype == torch.bfloat16  # autocast's cast, as torch's linear does
+    assert id(layers.up.weight) not in _PACKED and id(layers.down.weight) not in _PACKED
 
 
 def test_gradients_keep_torch_linear():
