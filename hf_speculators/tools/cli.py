@@ -20,8 +20,8 @@ from ..config.presets import bundled_card, bundled_presets, card_results
 from ..config.vllm_export import commands_text, export
 from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
-from ..onednn_linear import use_onednn_linear
 from ..metrics import clock
+from ..onednn_linear import use_onednn_linear
 from ..prompts import encode_prompt, load_prompts, use_chat_template
 from ..vllm_check.check import check_export
 from ..vllm_check.client import require_vllm_python
