@@ -6,6 +6,7 @@ import argparse
 
 import hf_speculators as hs
 from hf_speculators.loading import load_model, load_tokenizer
+from hf_speculators.onednn_linear import with_cpu_linear
 from hf_speculators.tools.cli_parser import add_cpu_linear_option
 
 DEMO_TARGET = "hf_speculators/demo-target"
@@ -32,8 +33,6 @@ def generate_options(args: argparse.Namespace) -> dict:
 def demo_target(args: argparse.Namespace):
     """The demo target on `args.device` (its `generate` enabled for drafters: `hs.enable`; its linear layers through
     oneDNN unless `--cpu-linear torch`) and its tokenizer."""
-    model = load_model(DEMO_TARGET, device=args.device)
-    if args.cpu_linear == "onednn":
-        hs.use_onednn_linear(model)
+    model = with_cpu_linear(load_model(DEMO_TARGET, device=args.device), args.cpu_linear)
     hs.enable(model)
     return model, load_tokenizer(DEMO_TARGET)

@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import hf_speculators as hs
 from hf_speculators.cache import RaggedCache, cache_argument, prepare_cache
 from hf_speculators.loading import DEMO_TARGET, load_tokenizer
-from hf_speculators.onednn_linear import CPU_LINEAR_KERNELS
+from hf_speculators.onednn_linear import CPU_LINEAR_KERNELS, with_cpu_linear
 from hf_speculators.prompts import load_prompts
 from hf_speculators.query import Query, forward
 
@@ -147,9 +147,7 @@ def main() -> None:
                              "(hs.use_onednn_linear, the command line's default)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    if args.cpu_linear == "onednn":
-        hs.use_onednn_linear(model)
+    model = with_cpu_linear(AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32), args.cpu_linear)
     if args.plain_step or args.products:
         with torch.no_grad():
             (plain_step if args.plain_step else products)(model, args)

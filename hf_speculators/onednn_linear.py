@@ -126,3 +126,16 @@ def use_onednn_linear(model: torch.nn.Module) -> int:
 def runs_onednn_linear(model: torch.nn.Module) -> bool:
     """Whether any of `model`'s linear layers runs through oneDNN (`use_onednn_linear` switched it over)."""
     return any(isinstance(module, OneDNNLinear) for module in model.modules())
+
+
+def with_cpu_linear(model: torch.nn.Module, kernel: str) -> torch.nn.Module:
+    """`model`, its linear layers switched by `use_onednn_linear` if `kernel` (one of `CPU_LINEAR_KERNELS`, the
+    command line's `--cpu-linear`) is `"onednn"`, left as they are for `"torch"`."""
+    if kernel == "onednn":
+        use_onednn_linear(model)
+    return model
+
+
+def cpu_linear_kernel(model: torch.nn.Module) -> str:
+    """The `CPU_LINEAR_KERNELS` name of what `model`'s linear layers run, as records state it."""
+    return "onednn" if runs_onednn_linear(model) else "torch"

@@ -21,7 +21,7 @@ from ..config.vllm_export import commands_text, export
 from ..decoding import enable
 from ..loading import DEMO_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from ..metrics import clock
-from ..onednn_linear import use_onednn_linear
+from ..onednn_linear import with_cpu_linear
 from ..prompts import encode_prompt, load_prompts, use_chat_template
 from ..vllm_check.check import check_export
 from ..vllm_check.client import require_vllm_python
@@ -120,8 +120,8 @@ def run_generate(args) -> int:
     target_name = config.target_model or DEMO_TARGET
     tokenizer = load_tokenizer(target_name)
     chat = use_chat_template(tokenizer, args.chat, args.system)
-    target = enable(_linear_kernel(load_model(target_name, args.dtype, args.device, quantization=args.quantization),
-                                   args))
+    target = enable(with_cpu_linear(load_model(target_name, args.dtype, args.device, quantization=args.quantization),
+                                    args.cpu_linear))
     _print_placement(target)
     drafter, verifier = config.build(target, tokenizer)
     inputs = encode_prompt(tokenizer, args.prompt, chat, args.system).to(target.device)
@@ -155,20 +155,14 @@ def _load_models(args, needs_draft: bool):
     """`(target, draft)` as the command's model options say; `draft` is `None` unless `needs_draft`."""
     if args.draft_quantization is not None and not needs_draft:
         raise ValueError("--draft-quantization quantizes the draft model, and no method chosen uses one.")
-    target = _linear_kernel(load_model(args.model, args.dtype, args.device, quantization=args.quantization), args)
+    target = with_cpu_linear(load_model(args.model, args.dtype, args.device, quantization=args.quantization),
+                             args.cpu_linear)
     _print_placement(target)
     if not needs_draft:
         return target, None
-    return target, _linear_kernel(load_model(args.draft, args.dtype, args.device,
-                                             quantization=args.draft_quantization), args)
-
-
-def _linear_kernel(model, args):
-    """`model`, its CPU linear layers switched to oneDNN unless `--cpu-linear torch` (drafters follow the target,
-    `build_drafter`)."""
-    if args.cpu_linear == "onednn":
-        use_onednn_linear(model)
-    return model
+    # switched here too for the baselines that run it without `build_drafter` (transformers' assisted decoding)
+    return target, with_cpu_linear(load_model(args.draft, args.dtype, args.device,
+                                              quantization=args.draft_quantization), args.cpu_linear)
 
 
 def _bench_settings(args) -> BenchSettings:

@@ -16,7 +16,7 @@ from ..config import SpeculativeConfig
 from ..config.vllm_export import export
 from ..decoding import generate
 from ..loading import load_model, load_tokenizer, resolve_model_id
-from ..onednn_linear import use_onednn_linear
+from ..onednn_linear import cpu_linear_kernel, with_cpu_linear
 from ..tools.bench.engines import compiled_kwargs
 from ..tools.cli_parser import add_cpu_linear_option
 from .check import comparable, request
@@ -113,14 +113,12 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     folder = resolve_model_id(TARGET)
-    model, tokenizer = load_model(folder), load_tokenizer(folder)
-    if args.cpu_linear == "onednn":
-        use_onednn_linear(model)
+    model, tokenizer = with_cpu_linear(load_model(folder), args.cpu_linear), load_tokenizer(folder)
     prompts = encode_prompts(tokenizer, args.prompts, args.prompt_set)
     for name in args.presets.split(","):
         record = measure(None if name == "plain" else name, model, prompts, args.max_new_tokens,
                          tokenizer.pad_token_id, folder, args.vllm_python, args.compile)
-        record["ours"]["cpu_linear"] = args.cpu_linear
+        record["ours"]["cpu_linear"] = cpu_linear_kernel(model)
         print(json.dumps(record), flush=True)
         with open(args.out, "a", encoding="utf-8") as file:
             file.write(json.dumps(record) + "\n")

@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from ...onednn_linear import runs_onednn_linear
+from ...onednn_linear import cpu_linear_kernel
 from ...prompts import Prompt
 from ...quantization import quantization_settings
 from .batches import Batch
@@ -103,7 +103,7 @@ def run_provenance(target, draft, run: dict) -> dict:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "num_threads": torch.get_num_threads(),
-        "cpu_linear": "onednn" if runs_onednn_linear(target) else "torch",
+        "cpu_linear": cpu_linear_kernel(target),
         "target": _model_name(target),
         "draft": _model_name(draft),
         "target_quantization": quantization_settings(target),
